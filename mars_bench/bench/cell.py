@@ -1,0 +1,224 @@
+"""One sweep cell: load once, warm up, then for every question the baseline and the
+configured method, order alternating per question, each turn written as one record."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from mars_bench.bench.manifest import build_manifest, write_manifest
+from mars_bench.bench.records import Record, RecordWriter, finite_or_none
+from mars_bench.config import check_run_config, verifier_params
+from mars_bench.decoding import DecodeResult, decode
+from mars_bench.drafting import build_drafter
+from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.tasks import SCORERS, Question
+from mars_bench.tasks.loading import load_questions
+from mars_bench.verification import Verifier, get_verifier
+from mars_bench.verification.kernels import TopTwo
+from mars_bench.verification.mars import margin_trigger
+
+BASELINE = "baseline"
+
+
+@lru_cache(maxsize=4)
+def cached_model(name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None) -> LoadedModel:
+    """Models stay loaded across the cells of a multirun in one process."""
+    return load_model(
+        name, dtype=dtype, device_map=device_map, attn_implementation=attn, max_memory=dict(max_memory) if max_memory else None
+    )
+
+
+def load_models(cfg: Any) -> dict[str, LoadedModel]:
+    m = cfg.model
+    memory = tuple(sorted(m.max_memory.items())) if m.max_memory else None
+    models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory)}
+    if cfg.drafter.name == "model":
+        models["drafter"] = cached_model(m.draft_model, m.dtype, m.device_map, m.attn_implementation, memory)
+        check_tokenizers_compatible(models["target"].tokenizer, models["drafter"].tokenizer)
+    return models
+
+
+@dataclass
+class Method:
+    label: str
+    verifier: Verifier | None
+    drafter: Any
+
+
+class Cell:
+    """Everything one cell needs, built from the resolved config."""
+
+    def __init__(self, cfg: Any, folder: Path, name: str) -> None:
+        check_run_config(cfg)
+        self.cfg, self.folder, self.name = cfg, folder, name
+        self.questions = load_questions(cfg.task, cfg.data_dir)
+        self.writer = RecordWriter(folder)
+        self.models = load_models(cfg)
+        self.target = self.models["target"]
+        self.stops = stop_token_ids(self.target)
+        verifier = get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
+        self.methods = [Method(BASELINE, None, None), Method(cfg.verifier.name, verifier, self.build_drafter())]
+        self.scorer = SCORERS.get(cfg.task.scorer) if cfg.task.scorer else None
+        self.theta = getattr(verifier, "theta", 0.9)
+        self.guard = getattr(verifier, "guard", "never")
+
+    def build_drafter(self) -> Any:
+        d, target = self.cfg.drafter, self.target.model
+        if d.name == "model":
+            return build_drafter("model", model=self.models["drafter"].model, vocab_size=target.config.vocab_size)
+        if d.name == "layerskip":
+            return build_drafter("layerskip", target=target, layers=d.layers)
+        if d.name == "lookup":
+            return build_drafter("lookup", device=self.target.device, max_ngram=d.max_ngram, min_ngram=d.min_ngram)
+        return None
+
+    def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
+        cfg = self.cfg
+        return decode(
+            self.target.model,
+            method.drafter,
+            method.verifier,
+            prompt,
+            max_new_tokens=max_new_tokens or cfg.max_new_tokens,
+            gamma=cfg.drafter.gamma,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop_token_ids=self.stops,
+            seed=seed,
+        )
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        kwargs = dict(self.cfg.model.chat_template_kwargs or {})
+        return chat_prompt_ids(self.target.tokenizer, messages, self.cfg.task.system_prompt, **kwargs)
+
+    def pending(self) -> bool:
+        return any(
+            not self.writer.has((str(q.question_id), turn, m.label))
+            for q in self.questions
+            for turn in range(1, len(q.turns) + 1)
+            for m in self.methods
+        )
+
+    def warm_up(self) -> None:
+        prompt = self.prompt_ids([{"role": "user", "content": self.questions[0].turns[0]}])
+        for _ in range(self.cfg.warmup):
+            for method in self.methods:
+                self.decode(method, prompt, seed=self.cfg.seed, max_new_tokens=min(16, self.cfg.max_new_tokens))
+
+    def run(self, progress: bool = True) -> list[dict[str, Any]]:
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        seeds = {"seed": self.cfg.seed, "per_turn": "seed * 1_000_003 + question_index * 101 + turn"}
+        write_manifest(self.folder, build_manifest(config, self.models, seeds))
+        (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if self.pending():
+            self.warm_up()
+        from tqdm import tqdm
+
+        for index, question in enumerate(tqdm(self.questions, desc=self.name, disable=not progress)):
+            order = self.methods if index % 2 == 0 else self.methods[::-1]
+            for method in order:
+                self.run_question(index, question, method)
+        return list(self.writer.rows.values())
+
+    def run_question(self, index: int, question: Question, method: Method) -> None:
+        """All turns of one question; turn t is conditioned on this method's own earlier answers."""
+        messages: list[dict[str, str]] = []
+        for turn, text in enumerate(question.turns, start=1):
+            messages.append({"role": "user", "content": text})
+            key = (str(question.question_id), turn, method.label)
+            if self.writer.has(key):
+                answer = self.writer.rows[key]["output_text"]
+            else:
+                prompt = self.prompt_ids(messages)
+                result = self.decode(method, prompt, seed=self.cfg.seed * 1_000_003 + index * 101 + turn)
+                answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+                self.writer.write(self.record(question, turn, method, prompt, result, answer))
+            messages.append({"role": "assistant", "content": answer})
+
+    def record(
+        self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, answer: str
+    ) -> Record:
+        cfg, model = self.cfg, self.cfg.model
+        phases = result.phase_seconds()
+        accepted, reached = result.accepted_per_depth()
+        z1 = torch.tensor([z for step in result.steps for z in step.top1_logits], dtype=torch.float64)
+        margins = torch.tensor([r for step in result.steps for r in step.margins], dtype=torch.float64)
+        triggered = margin_trigger(TopTwo(z1, z1, margins * z1, z1), self.theta, self.guard) if z1.numel() else z1.bool()
+        baseline = self.writer.rows.get((str(question.question_id), turn, BASELINE))
+        agreement, divergence = compare(result.tokens, baseline["output_ids"] if baseline else None)
+        is_method = method.verifier is not None
+        return Record(
+            cell=self.name,
+            model=model.name,
+            target=model.target,
+            draft_model=model.draft_model if cfg.drafter.name == "model" else None,
+            drafter=cfg.drafter.name,
+            gamma=cfg.drafter.gamma,
+            verifier=cfg.verifier.name,
+            theta=self.theta if cfg.verifier.name in ("mars", "mars_ref") else None,
+            guard=self.guard if cfg.verifier.name == "mars" else None,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            task=cfg.task.name,
+            seed=cfg.seed,
+            max_new_tokens=cfg.max_new_tokens,
+            dtype=model.dtype,
+            question_id=question.question_id,
+            category=question.category,
+            turn=turn,
+            method=method.label,
+            prompt_tokens=len(prompt),
+            new_tokens=result.new_tokens,
+            steps=result.verify_steps,
+            tau=finite_or_none(result.tau),
+            drafted=result.drafted,
+            accepted=result.accepted,
+            relaxed=result.relaxed,
+            accepted_per_depth=accepted,
+            reached_per_depth=reached,
+            step_accepted=[step.accepted for step in result.steps],
+            trigger_count=int(triggered.sum()) if is_method else 0,
+            verified_positions=int(z1.numel()),
+            nonpositive_top1=int((z1 <= 0).sum()),
+            margins=[finite_or_none(float(r)) for r in margins],
+            reasons=[r for step in result.steps for r in step.reasons],
+            prefill_s=result.prefill_s,
+            decode_s=result.decode_s,
+            draft_s=phases["draft"],
+            target_s=phases["target"],
+            verify_s=phases["verify"],
+            bookkeeping_s=phases["bookkeeping"],
+            tokens_per_s=result.new_tokens / (result.prefill_s + result.decode_s),
+            stop_reason=result.stop_reason,
+            output_ids=result.tokens,
+            output_text=answer,
+            agreement=agreement,
+            first_divergence=divergence,
+            score=self.scorer(answer, question) if self.scorer else None,
+        )
+
+
+def compare(tokens: list[int], baseline: list[int] | None) -> tuple[float | None, int | None]:
+    """(share of positions equal to the baseline, first differing position or None)."""
+    if baseline is None:
+        return None, None
+    same = [a == b for a, b in zip(tokens, baseline)]
+    length = max(len(tokens), len(baseline), 1)
+    divergence = same.index(False) if False in same else (None if len(tokens) == len(baseline) else len(same))
+    return sum(same) / length, divergence
+
+
+def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, Any]]:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return Cell(cfg, folder, name or folder.name).run(progress=cfg.progress)

@@ -1,0 +1,129 @@
+"""Tidy records: one JSON line per (question, turn, method), appended and flushed per row.
+
+Rerunning a cell into the same folder skips the rows already present (resume). A run
+killed mid-write leaves at most one partial last line, which is cut off on reopening.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RECORDS_FILE = "records.jsonl"
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Record:
+    """One decoded turn. Times in seconds; token counts are generated ids, never re-tokenised."""
+
+    # the cell
+    cell: str
+    model: str
+    target: str
+    draft_model: str | None
+    drafter: str
+    gamma: int
+    verifier: str
+    theta: float | None
+    guard: str | None
+    temperature: float
+    top_p: float
+    top_k: int
+    task: str
+    seed: int
+    max_new_tokens: int
+    dtype: str
+    # the row
+    question_id: int | str
+    category: str
+    turn: int
+    method: str  # "baseline" or the verifier's name
+    status: str = "ok"
+    error: str | None = None
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    tau: float | None = None
+    drafted: int = 0
+    accepted: int = 0
+    relaxed: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)
+    reached_per_depth: list[int] = field(default_factory=list)
+    step_accepted: list[int] = field(default_factory=list)
+    trigger_count: int = 0  # verified positions whose margin passes the cell's theta and guard
+    verified_positions: int = 0
+    nonpositive_top1: int = 0  # verified positions with z1 <= 0
+    margins: list[float | None] = field(default_factory=list)  # z2 / z1 per verified position
+    reasons: list[int] = field(default_factory=list)  # Reason code per verified position
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    tokens_per_s: float = 0.0
+    stop_reason: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    agreement: float | None = None  # share of positions equal to the baseline's output
+    first_divergence: int | None = None  # first position differing from the baseline; None if identical
+    score: float | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (str(self.question_id), self.turn, self.method)
+
+
+def finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, int, str]:
+    return (str(row["question_id"]), int(row["turn"]), str(row["method"]))
+
+
+def read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete row of a records file (a partial last line is skipped)."""
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.endswith("\n"):
+                yield json.loads(line)
+
+
+class RecordWriter:
+    """Append-only JSON Lines writer that knows which rows exist already."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / RECORDS_FILE
+        self._drop_partial_tail()
+        self.rows: dict[tuple[str, int, str], dict[str, Any]] = {row_key(row): row for row in read_rows(self.path)}
+
+    def _drop_partial_tail(self) -> None:
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        data = self.path.read_bytes()
+        if not data.endswith(b"\n"):
+            with self.path.open("r+b") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
+
+    def has(self, key: tuple[str, int, str]) -> bool:
+        return key in self.rows
+
+    def write(self, record: Record) -> dict[str, Any]:
+        row = asdict(record)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.rows[record.key] = row
+        return row

@@ -1,0 +1,122 @@
+"""The structured config schema (registered in Hydra's ConfigStore).
+
+A misspelt key or a value of the wrong type fails at start with Hydra's own message;
+values that types cannot check (ranges, names) are checked by ``check_run_config``
+before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from mars_bench.decoding.engine import DecodeSettings
+from mars_bench.drafting import check_drafter_name
+from mars_bench.models import parse_dtype
+from mars_bench.verification import get_verifier
+from mars_bench.verification.sampling import SamplingParams
+
+
+@dataclass
+class ModelConfig:
+    """A target and (for drafter=model) its separate draft model, by Hub id or local folder."""
+
+    name: str = "qwen2.5-coder-1.5b"
+    target: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    draft_model: str | None = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    eagle3_head: str | None = None  # recorded for the EAGLE-3 drafter (its own issue)
+    dtype: str = "bfloat16"
+    device_map: str | None = None
+    max_memory: dict[str, str] | None = None
+    attn_implementation: str = "sdpa"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DrafterConfig:
+    name: str = "model"
+    gamma: int = 5  # drafted tokens per step
+    layers: int | None = None  # layerskip depth (default: a quarter of the target's layers)
+    max_ngram: int = 3  # lookup
+    min_ngram: int = 1
+
+
+@dataclass
+class VerifierConfig:
+    name: str = "mars"
+    theta: float | None = 0.9
+    guard: str = "never"
+    correction: str = "residual"
+    epsilon: float = 0.09
+    delta: float = 0.3
+
+
+VERIFIER_PARAMS = {
+    "exact": (),
+    "rejection": (),
+    "mars": ("theta", "guard", "correction"),
+    "mars_ref": ("theta",),
+    "typical": ("epsilon", "delta"),
+}
+
+
+@dataclass
+class TaskConfig:
+    name: str = "humaneval"
+    file: str = "humaneval/question.jsonl"  # absolute, or relative to data_dir
+    num_prompts: int | None = 10  # the first N questions; null = all
+    system_prompt: str | None = None
+    scorer: str | None = None
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    seed: int = 0
+    warmup: int = 1  # warm-up decodes per method before timing (on a short prompt)
+    threads: int | None = None  # torch CPU threads; null = all cores
+    data_dir: str | None = None  # null: $MARS_BENCH_DATA, else ../shared/data beside the repository
+    output_dir: str | None = None  # null: Hydra's run folder
+    progress: bool = True
+
+
+def register_configs() -> None:
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    store.store(group="model", name="model_schema", node=ModelConfig)
+    store.store(group="drafter", name="drafter_schema", node=DrafterConfig)
+    store.store(group="verifier", name="verifier_schema", node=VerifierConfig)
+    store.store(group="task", name="task_schema", node=TaskConfig)
+
+
+def verifier_params(verifier: Any) -> dict[str, Any]:
+    """The settings the named verifier takes, from a VerifierConfig."""
+    if verifier.name not in VERIFIER_PARAMS:
+        get_verifier(verifier.name)  # raises the one-line unknown-name error
+    return {key: getattr(verifier, key) for key in VERIFIER_PARAMS[verifier.name]}
+
+
+def check_run_config(cfg: Any) -> None:
+    """Check every range and name before any model is loaded (ValueError, one line)."""
+    SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
+    DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
+    get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
+    check_drafter_name(cfg.drafter.name)
+    parse_dtype(cfg.model.dtype)
+    if cfg.drafter.name == "model" and not cfg.model.draft_model:
+        raise ValueError(
+            f"drafter=model needs model.draft_model, which model={cfg.model.name} does not set: use drafter=layerskip or lookup"
+        )
+    if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
+        raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")
+    if cfg.warmup < 0:
+        raise ValueError(f"warmup={cfg.warmup} is invalid: allowed is an integer >= 0")

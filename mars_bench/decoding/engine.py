@@ -1,0 +1,185 @@
+"""The decoding engine: prefill, then draft -> one target forward -> verify -> commit.
+
+The autoregressive baseline is the same loop with no drafter: same model object, same
+cache type, same token choice, same stop handling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from mars_bench.decoding.trace import DecodeResult, StepRecord
+from mars_bench.drafting.base import Drafter, empty_draft
+from mars_bench.kvcache import cached_logits, crop_to
+from mars_bench.verification import Verifier, VerifyInput, get_verifier
+from mars_bench.verification.sampling import SamplingParams, choose_tokens
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Per-sequence limits. gamma: drafted tokens per step (chain length)."""
+
+    max_new_tokens: int = 128
+    gamma: int = 5
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for option, value, low in (("max_new_tokens", self.max_new_tokens, 1), ("gamma", self.gamma, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{option}={value!r} is invalid: allowed is an integer >= {low}")
+
+
+class Clock:
+    """Wall-clock lap timer that waits for the device before reading the time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.last = self.now()
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        current = self.now()
+        elapsed, self.last = current - self.last, current
+        return elapsed
+
+
+def chain_parents(count: int) -> torch.Tensor:
+    return torch.arange(-1, count - 1)
+
+
+def cut_at_stop(tokens: list[int], stop_ids: Iterable[int], budget: int) -> tuple[list[int], bool]:
+    """Keep tokens up to and including the first stop token, and at most ``budget``."""
+    stops = set(stop_ids)
+    for index, token in enumerate(tokens[:budget]):
+        if token in stops:
+            return tokens[: index + 1], True
+    return tokens[:budget], False
+
+
+@torch.inference_mode()
+def decode(
+    target: Any,
+    drafter: Drafter | None,
+    verifier: Verifier | str | None,
+    prompt_ids: list[int] | torch.Tensor,
+    *,
+    max_new_tokens: int = 128,
+    gamma: int = 5,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_token_ids: Iterable[int] = (),
+    seed: int | None = 0,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None).
+
+    target: a transformers causal LM. drafter: a Drafter or None. verifier: a Verifier or a
+    registered name (ignored without a drafter). prompt_ids: the prompt token ids.
+    Sampling uses ``generator`` or a fresh one seeded with ``seed`` on the target's device.
+    """
+    sampling = SamplingParams(temperature, top_p, top_k)
+    settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
+    if isinstance(verifier, str):
+        verifier = get_verifier(verifier)
+    if drafter is not None and verifier is None:
+        raise ValueError("verifier=None is invalid with a drafter: allowed are a Verifier or a registered name")
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten().cpu()
+    if prompt.numel() == 0:
+        raise ValueError("prompt_ids is empty: allowed is a prompt of at least one token")
+    device = target.get_input_embeddings().weight.device
+    if generator is None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(0 if seed is None else seed)
+    return _Run(target, drafter, verifier, sampling, settings, generator, device).run(prompt)
+
+
+class _Run:
+    """State of one sequence being decoded."""
+
+    def __init__(self, target, drafter, verifier, sampling, settings, generator, device) -> None:
+        self.target, self.drafter, self.verifier = target, drafter, verifier
+        self.sampling, self.settings, self.generator, self.device = sampling, settings, generator, device
+        self.cache = DynamicCache(config=target.config)
+
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Target logits [n, V] for the new tokens ([1, V] if ``last_only``)."""
+        return cached_logits(self.target, tokens, self.cache, last_only=last_only)
+
+    def run(self, prompt: torch.Tensor) -> DecodeResult:
+        clock = Clock(self.device)
+        first = int(choose_tokens(self.forward(prompt, last_only=True), self.sampling, self.generator)[0])
+        if self.drafter is not None:
+            self.drafter.begin(prompt)
+        prefill_s = clock.lap()
+        tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
+        context = torch.cat([prompt, torch.tensor(tokens)])
+        steps: list[StepRecord] = []
+        while not stopped and len(tokens) < self.settings.max_new_tokens:
+            budget = self.settings.max_new_tokens - len(tokens)
+            step, emitted = self.step(context, budget, clock)
+            emitted, stopped = cut_at_stop(emitted, self.settings.stop_token_ids, budget)
+            step.emitted = len(emitted)
+            tokens += emitted
+            context = torch.cat([context, torch.tensor(emitted)])
+            step.bookkeeping_s += clock.lap()
+            steps.append(step)
+        decode_s = sum(s.draft_s + s.target_s + s.verify_s + s.bookkeeping_s for s in steps)
+        return DecodeResult(len(prompt), tokens, steps, prefill_s, decode_s, "stop_token" if stopped else "max_new_tokens")
+
+    def step(self, context: torch.Tensor, budget: int, clock: Clock) -> tuple[StepRecord, list[int]]:
+        """One step: returns its record (times filled but bookkeeping) and the tokens it emits."""
+        max_drafts = min(self.settings.gamma, budget - 1)
+        if self.drafter is not None and max_drafts > 0:
+            draft = self.drafter.propose(context, max_drafts, self.sampling, self.generator)
+        else:
+            draft = empty_draft(self.device)
+        draft_tokens = draft.tokens.tolist()
+        draft_s = clock.lap()
+        root = context[-1:].to(self.device)
+        logits = self.forward(torch.cat([root, draft.tokens.to(self.device)]))
+        target_s = clock.lap()
+        if not draft_tokens:
+            next_token = int(choose_tokens(logits[-1:], self.sampling, self.generator)[0])
+            record = StepRecord(0, 0, 0, next_token, 0, draft_s=draft_s, target_s=target_s, verify_s=clock.lap())
+            return record, [next_token]
+        verdict = self.verifier.verify(
+            VerifyInput(
+                draft_tokens=draft.tokens,
+                parents=chain_parents(len(draft_tokens)),
+                target_logits=logits,
+                sampling=self.sampling,
+                draft_probs=draft.probs,
+                draft_dists=draft.dists,
+            ),
+            generator=self.generator,
+        )
+        verify_s = clock.lap()
+        accepted = verdict.accepted_len
+        crop_to(self.cache, len(context) + accepted)  # the root and the kept drafts stay cached
+        self.drafter.accept(accepted)
+        decisions = verdict.decisions
+        record = StepRecord(
+            drafted=len(draft_tokens),
+            accepted=accepted,
+            relaxed=decisions.relaxed_count,
+            next_token=verdict.next_token,
+            emitted=0,
+            reasons=decisions.reasons.tolist(),
+            margins=decisions.margin.tolist(),
+            top1_logits=decisions.top1_logit.tolist(),
+            draft_s=draft_s,
+            target_s=target_s,
+            verify_s=verify_s,
+        )
+        return record, draft_tokens[:accepted] + [verdict.next_token]

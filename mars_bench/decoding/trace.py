@@ -1,0 +1,79 @@
+"""What the engine records per step and per decoded sequence (raw counters, seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    """One draft -> target forward -> verify -> commit step. Times in seconds."""
+
+    drafted: int
+    accepted: int
+    relaxed: int
+    next_token: int
+    emitted: int  # tokens committed by this step after stop / budget cuts
+    reasons: list[int] = field(default_factory=list)  # Reason code per visited depth
+    margins: list[float] = field(default_factory=list)  # z2 / z1 per visited depth
+    top1_logits: list[float] = field(default_factory=list)
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    bookkeeping_s: float = 0.0
+
+
+@dataclass
+class DecodeResult:
+    """One prompt decoded. ``tokens``: new token ids, cut at the first stop token
+    (kept) and at max_new_tokens. The first token comes from the prefill forward; every
+    later token from a verification step."""
+
+    prompt_len: int
+    tokens: list[int]
+    steps: list[StepRecord]
+    prefill_s: float
+    decode_s: float
+    stop_reason: str  # stop_token | max_new_tokens
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target verification forward (prefill and its token excluded)."""
+        steps = self.verify_steps
+        return sum(step.emitted for step in self.steps) / steps if steps else float("nan")
+
+    @property
+    def drafted(self) -> int:
+        return sum(step.drafted for step in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(step.accepted for step in self.steps)
+
+    @property
+    def relaxed(self) -> int:
+        return sum(step.relaxed for step in self.steps)
+
+    def accepted_per_depth(self) -> tuple[list[int], list[int]]:
+        """(accepted at depth d, reached depth d) for d = 0, 1, ... (alpha_d = ratio)."""
+        depth = max((step.drafted for step in self.steps), default=0)
+        accepted, reached = [0] * depth, [0] * depth
+        for step in self.steps:
+            for d in range(len(step.reasons)):
+                reached[d] += 1
+                accepted[d] += d < step.accepted
+        return accepted, reached
+
+    def phase_seconds(self) -> dict[str, float]:
+        return {
+            phase: sum(getattr(step, f"{phase}_s") for step in self.steps)
+            for phase in ("draft", "target", "verify", "bookkeeping")
+        }

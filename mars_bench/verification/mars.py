@@ -1,0 +1,97 @@
+"""MARS margin-aware verification (arXiv 2601.15498), the paper's rule with explicit choices.
+
+At a drafted position let z1 >= z2 be the two largest *processed* target logits (after
+temperature, top-k and top-p, as the paper's code measures them), with tokens t1, t2.
+Relaxation triggers when the ratio z2 / z1 exceeds ``theta`` (a test of the logit gap
+relative to the top logit: z1 - z2 < (1 - theta) * z1 when z1 > 0). Because a temperature
+divides every logit, the trigger does not depend on the temperature.
+
+Greedy: accept t1; accept t2 when triggered; otherwise reject and emit the target argmax.
+Sampling: when triggered, accept a draft in {t1, t2} outright; otherwise apply the strict
+rejection-sampling test min(1, p/q). After a reject at an untriggered position emit a
+sample from the residual norm(max(0, p - q)), as the strict rule does; after a reject at a
+triggered position (the draft was outside the top 2 and failed the strict test) emit a
+sample from that residual (``correction="residual"``) or from p (``correction="target"``).
+With ``theta=None`` relaxation is off and the rule is exactly ``exact`` (greedy) or
+``rejection`` (sampling), consuming the same random numbers.
+
+Guard for z1 <= 0, where the ratio misbehaves (both logits negative give a ratio >= 1):
+``never`` (default) never relaxes there; ``gap`` relaxes when z1 - z2 < (1 - theta) * |z1|.
+Not lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
+from mars_bench.verification.kernels import TopTwo, finish, strict_rejection
+from mars_bench.verification.sampling import probabilities, sample_rows
+from mars_bench.verification.strict import ChainVerifier
+
+GUARDS = ("never", "gap")
+CORRECTIONS = ("residual", "target")
+
+
+def check_theta(theta: float | None) -> float | None:
+    """theta must be None (relaxation off) or a number in (0, 1]."""
+    if theta is None:
+        return None
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= 1:
+        raise ValueError(f"theta={theta!r} is invalid: allowed is a number in (0, 1], or None to turn relaxation off")
+    return float(theta)
+
+
+def check_choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{option}={value!r} is invalid: allowed are {', '.join(allowed)}")
+    return value
+
+
+def margin_trigger(top: TopTwo, theta: float | None, guard: str) -> torch.Tensor:
+    """BoolTensor[R]: where the margin rule relaxes."""
+    if theta is None:
+        return torch.zeros_like(top.z1, dtype=torch.bool)
+    if guard == "gap":
+        return (top.z1 - top.z2) < (1.0 - theta) * top.z1.abs()
+    return (top.z1 > 0) & (top.z2 > theta * top.z1)
+
+
+@register_verifier("mars")
+class MarsVerifier(ChainVerifier):
+    __doc__ = __doc__
+    lossless = False
+
+    def __init__(self, theta: float | None = 0.9, guard: str = "never", correction: str = "residual") -> None:
+        self.theta = check_theta(theta)
+        self.guard = check_choice("guard", guard, GUARDS)
+        self.correction = check_choice("correction", correction, CORRECTIONS)
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "theta": self.theta, "guard": self.guard, "correction": self.correction}
+
+    def greedy(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo) -> Verdict:
+        drafts = step.draft_tokens
+        trigger = margin_trigger(top, self.theta, self.guard)
+        is_top1, is_top2 = drafts == top.t1, (drafts == top.t2) & (top.t2 != top.t1)
+        relaxed = trigger & is_top2
+        accepted = is_top1 | relaxed
+        rejected = torch.full_like(drafts, int(Reason.REJECTED))
+        reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
+        return finish(accepted, reasons, torch.argmax(processed, dim=-1), top)
+
+    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
+        n, drafts = step.num_drafts, step.draft_tokens
+        trigger = margin_trigger(top, self.theta, self.guard)
+        in_top2 = (drafts == top.t1) | (drafts == top.t2)
+        probs = probabilities(processed)
+        strict = strict_rejection(probs, drafts, step.draft_dists, generator)
+        relaxed = trigger & in_top2 & ~strict.accepted
+        accepted = strict.accepted | relaxed
+        rejected = torch.full_like(drafts, int(Reason.REJECTED))
+        reasons = torch.where(strict.accepted, int(Reason.SAMPLED), torch.where(relaxed, int(Reason.RELAXED), rejected))
+        candidates = strict.candidates
+        if self.correction == "target" and self.theta is not None:
+            from_target = sample_rows(probs[:n], generator)
+            candidates = torch.cat([torch.where(trigger, from_target, candidates[:n]), candidates[n:]])
+        return finish(accepted, reasons, candidates, top)

@@ -1,0 +1,38 @@
+"""Medusa's typical acceptance (Cai et al. 2024): accept a draft whose target probability
+exceeds min(epsilon, delta * exp(-H(p))), H the entropy of the processed target
+distribution p. A reject emits a sample from p; a fully accepted chain a bonus sample from
+p. Greedy mode is ``exact``, as in Medusa. Not lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
+from mars_bench.verification.kernels import TopTwo, finish, gather_at, reasons_from
+from mars_bench.verification.sampling import probabilities, sample_rows
+from mars_bench.verification.strict import ChainVerifier
+
+
+@register_verifier("typical")
+class TypicalVerifier(ChainVerifier):
+    __doc__ = __doc__
+    lossless = False
+
+    def __init__(self, epsilon: float = 0.09, delta: float = 0.3) -> None:
+        for option, value in (("epsilon", epsilon), ("delta", delta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"{option}={value!r} is invalid: allowed is a number in (0, 1]")
+        self.epsilon, self.delta = float(epsilon), float(delta)
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "epsilon": self.epsilon, "delta": self.delta}
+
+    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
+        n, drafts = step.num_drafts, step.draft_tokens
+        probs = probabilities(processed)
+        entropy = -(probs[:n] * torch.log(probs[:n].clamp(min=1e-30))).sum(-1)
+        threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
+        accepted = gather_at(probs[:n], drafts) > threshold
+        accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
+        return finish(accepted, reasons_from(accepted, accept_reason), sample_rows(probs, generator), top)

@@ -1,0 +1,159 @@
+"""The engine: ``exact`` with any drafter reproduces the autoregressive baseline token for
+token in fp32; stop tokens, budgets and counters behave identically for every method."""
+
+from __future__ import annotations
+
+from copy import deepcopy
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from mars_bench import build_drafter, decode, get_verifier
+
+PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3], [11]]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def target(request):
+    return tiny_model(request.param, seed=0)
+
+
+def drafters(target):
+    other = tiny_model("llama", seed=7, layers=2)
+    return {
+        "other-model": build_drafter("model", model=other, vocab_size=target.config.vocab_size),
+        "self": build_drafter("model", model=target),
+        "layerskip": build_drafter("layerskip", target=target, layers=2),
+        "lookup": build_drafter("lookup"),
+    }
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_exact_reproduces_the_baseline_with_every_drafter(target, gamma):
+    for prompt in PROMPTS:
+        baseline = decode(target, None, None, prompt, max_new_tokens=40)
+        for label, drafter in drafters(target).items():
+            result = decode(target, drafter, "exact", prompt, max_new_tokens=40, gamma=gamma)
+            assert result.tokens == baseline.tokens, f"{label} gamma={gamma} prompt={prompt}"
+
+
+def test_self_drafting_accepts_every_draft(target):
+    result = decode(target, build_drafter("model", model=target), "exact", PROMPTS[0], max_new_tokens=31, gamma=5)
+    assert [step.accepted for step in result.steps] == [5] * 5
+    assert result.tau == 6.0  # 30 tokens after the prefill token, 5 verification forwards
+    assert result.drafted == 25 and result.accepted == 25
+
+
+def test_the_baseline_is_one_token_per_forward(target):
+    result = decode(target, None, None, PROMPTS[1], max_new_tokens=12)
+    assert result.new_tokens == 12 and result.verify_steps == 11 and result.tau == 1.0
+
+
+def test_the_baseline_equals_transformers_generate(target):
+    prompt = torch.tensor([PROMPTS[1]])
+    reference = target.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert decode(target, None, None, PROMPTS[1], max_new_tokens=20).tokens == reference[0, prompt.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
+def test_the_budget_caps_every_method_identically(target, max_new_tokens):
+    self_drafter = build_drafter("model", model=target)
+    baseline = decode(target, None, None, PROMPTS[0], max_new_tokens=max_new_tokens)
+    speculative = decode(target, self_drafter, "exact", PROMPTS[0], max_new_tokens=max_new_tokens, gamma=5)
+    assert baseline.new_tokens == speculative.new_tokens == max_new_tokens
+    assert speculative.tokens == baseline.tokens
+    assert speculative.stop_reason == "max_new_tokens"
+
+
+def test_tokens_past_a_stop_token_in_an_accepted_block_are_discarded(target):
+    baseline = decode(target, None, None, PROMPTS[0], max_new_tokens=30)
+    stop = baseline.tokens[9]  # a token the model emits mid-sequence
+    first = baseline.tokens.index(stop)
+    expected = baseline.tokens[: first + 1]
+    for drafter in (None, build_drafter("model", model=target)):
+        result = decode(target, drafter, "exact", PROMPTS[0], max_new_tokens=30, gamma=6, stop_token_ids=[stop])
+        assert result.tokens == expected and result.stop_reason == "stop_token"
+
+
+def test_same_seed_gives_the_same_sample(target):
+    drafter = build_drafter("model", model=tiny_model("llama", seed=7, layers=2), vocab_size=96)
+    runs = [decode(target, drafter, "rejection", PROMPTS[0], max_new_tokens=30, temperature=1.0, seed=5).tokens for _ in range(2)]
+    assert runs[0] == runs[1]
+    other = decode(target, drafter, "rejection", PROMPTS[0], max_new_tokens=30, temperature=1.0, seed=6).tokens
+    assert other != runs[0]
+
+
+def test_mars_with_relaxation_off_decodes_like_the_strict_rules(target):
+    drafter = build_drafter("model", model=tiny_model("llama", seed=7, layers=2), vocab_size=96)
+    for temperature, strict in ((0.0, "exact"), (1.0, "rejection")):
+        kwargs = dict(max_new_tokens=30, temperature=temperature, seed=3, gamma=4)
+        off = decode(target, drafter, get_verifier("mars", theta=None), PROMPTS[1], **kwargs)
+        reference = decode(target, drafter, strict, PROMPTS[1], **kwargs)
+        assert off.tokens == reference.tokens
+        assert [s.accepted for s in off.steps] == [s.accepted for s in reference.steps]
+
+
+def perturbed_copy(model, scale: float):
+    """The same model with a noisy head: its argmax flips to the runner-up at near-ties."""
+    copy = deepcopy(model)
+    torch.manual_seed(1)
+    copy.lm_head.weight.add_(scale * torch.randn_like(copy.lm_head.weight))
+    return copy
+
+
+def test_mars_relaxes_on_a_real_margin_and_counts_it(target):
+    drafter = build_drafter("model", model=perturbed_copy(target, scale=0.1))
+    strict = decode(target, drafter, "exact", PROMPTS[0], max_new_tokens=60, gamma=4)
+    relaxed = decode(target, drafter, get_verifier("mars", theta=0.5, guard="gap"), PROMPTS[0], max_new_tokens=60, gamma=4)
+    assert relaxed.relaxed > 0
+    assert relaxed.relaxed == sum(step.reasons.count(1) for step in relaxed.steps)
+    assert relaxed.accepted / relaxed.drafted > strict.accepted / strict.drafted
+
+
+def test_step_records_carry_counters_and_phase_times(target):
+    drafter = build_drafter("model", model=tiny_model("llama", seed=7, layers=2), vocab_size=96)
+    result = decode(target, drafter, "mars", PROMPTS[0], max_new_tokens=20, gamma=3)
+    assert sum(step.emitted for step in result.steps) == result.new_tokens - 1
+    for step in result.steps:
+        assert len(step.reasons) == min(step.accepted + 1, step.drafted)
+        assert len(step.margins) == len(step.reasons)
+        assert step.draft_s >= 0 and step.target_s > 0 and step.verify_s > 0
+    accepted, reached = result.accepted_per_depth()
+    assert reached[0] == sum(step.drafted > 0 for step in result.steps)
+    assert all(a <= r for a, r in zip(accepted, reached))
+    assert result.decode_s == pytest.approx(sum(result.phase_seconds().values()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens=0 is invalid: allowed is an integer >= 1"),
+        ({"gamma": 0}, "gamma=0 is invalid"),
+        ({"temperature": -1.0}, "temperature=-1.0 is invalid"),
+        ({"top_p": 0.0}, "top_p=0.0 is invalid"),
+    ],
+)
+def test_bad_decode_settings_fail_before_any_forward(target, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        decode(target, None, None, PROMPTS[0], **kwargs)
+
+
+def test_unknown_drafter_names_are_refused():
+    with pytest.raises(ValueError, match="unknown drafter 'medusa': allowed are layerskip, lookup, model, none"):
+        build_drafter("medusa")
+
+
+def test_layerskip_depth_is_checked(target):
+    with pytest.raises(ValueError, match=r"layers=4 is invalid: allowed is an integer in \[1, 3\]"):
+        build_drafter("layerskip", target=target, layers=4)
+
+
+def test_lookup_proposes_what_followed_the_last_ngram():
+    from mars_bench.verification.sampling import SamplingParams
+
+    drafter = build_drafter("lookup", max_ngram=2)
+    context = torch.tensor([5, 6, 7, 8, 9, 1, 5, 6])
+    draft = drafter.propose(context, 3, SamplingParams(), None)
+    assert draft.tokens.tolist() == [7, 8, 9] and draft.dists is None
+    assert len(drafter.propose(torch.tensor([1, 2, 3]), 3, SamplingParams(), None)) == 0

