@@ -1,0 +1,1 @@
+"""One sweep cell: paired runs, records, manifest and summary."""
