@@ -190,7 +190,7 @@ def test_trees_are_refused_with_a_clear_message():
         (lambda: get_verifier("mars_ref", theta=2), "theta=2 is invalid"),
         (lambda: get_verifier("mars", guard="clip"), "guard='clip' is invalid: allowed are never, gap"),
         (lambda: get_verifier("mars", correction="argmax"), "correction='argmax' is invalid"),
-        (lambda: SamplingParams(temperature=-0.5), "temperature=-0.5 is invalid: allowed is a number >= 0"),
+        (lambda: SamplingParams(temperature=-0.5), "temperature=-0.5 is invalid: allowed is a finite number >= 0"),
         (lambda: SamplingParams(top_p=0.0), r"top_p=0.0 is invalid: allowed is a number in \(0, 1\]"),
         (lambda: SamplingParams(top_p=1.2), "top_p=1.2 is invalid"),
         (lambda: SamplingParams(top_k=-1), "top_k=-1 is invalid"),

@@ -71,7 +71,8 @@ class ModelDrafter(Drafter):
         for _ in range(max_drafts):
             logits = self._fit_vocab(self._forward(feed)[None], float("-inf"))
             processed = process_logits(logits, sampling)
-            probs = probabilities(processed)
+            # Greedy drafts still report q under softmax(logits): a confidence for draft-length policies.
+            probs = torch.softmax(processed, dim=-1) if sampling.greedy else probabilities(processed, sampling)
             token = torch.argmax(processed, dim=-1) if sampling.greedy else sample_rows(probs, generator)
             tokens.append(token)
             token_probs.append(probs.gather(-1, token[:, None])[:, 0])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mars_bench.verification.base import Decisions, Reason, Verdict
+from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
 from mars_bench.verification.sampling import sample_rows
 
 
@@ -29,6 +29,41 @@ class TopTwo:
     def margin(self) -> torch.Tensor:
         """The MARS statistic z2 / z1, as the paper defines it (no guard)."""
         return self.z2 / self.z1
+
+
+PROBLEMS = (
+    "target_logits contain NaN",
+    "target_logits contain +inf",
+    "a target_logits row has no finite entry",
+    "a draft token is outside the vocabulary",
+    "draft_probs are not probabilities in [0, 1]",
+    "draft_dists are not non-negative distributions",
+)
+
+
+def input_problems(step: VerifyInput) -> torch.Tensor:
+    """BoolTensor[len(PROBLEMS)] on the device: which input checks fail (no host sync)."""
+    logits, drafts = step.target_logits, step.draft_tokens
+    none = torch.zeros((), dtype=torch.bool, device=logits.device)
+    flags = [
+        torch.isnan(logits).any(),
+        torch.isposinf(logits).any(),
+        (~torch.isfinite(logits)).all(dim=-1).any(),
+        ((drafts < 0) | (drafts >= logits.shape[-1])).any() if drafts.numel() else none,
+        none if step.draft_probs is None else ~((step.draft_probs >= 0) & (step.draft_probs <= 1 + 1e-4)).all(),
+        none if step.draft_dists is None else ~(step.draft_dists >= 0).all(),
+    ]
+    return torch.stack([flag.to(logits.device) for flag in flags])
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every chain verifier starts from: processed logits [N+1, V], the top-2 of the N
+    drafted rows, and the input checks still on the device."""
+
+    processed: torch.Tensor
+    top: TopTwo
+    problems: torch.Tensor
 
 
 def top_two(processed: torch.Tensor) -> TopTwo:
@@ -90,13 +125,14 @@ def finish(
     accepted: torch.Tensor,
     reasons: torch.Tensor,
     candidates: torch.Tensor,
-    top: TopTwo,
+    prep: Prepared,
 ) -> Verdict:
     """Longest accepted prefix, its correction / bonus token and the decisions, with one host transfer.
 
     accepted: BoolTensor[N]; reasons: LongTensor[N] (the reason if reached); candidates:
-    LongTensor[N+1]; top: TopTwo over the N drafted rows.
+    LongTensor[N+1]. Raises ValueError, after the transfer, if an input check failed.
     """
+    top = prep.top
     n = accepted.shape[0]
     accepted_len = torch.cumprod(accepted.long(), dim=0).sum().reshape(1) if n else accepted.new_zeros(1, dtype=torch.long)
     next_token = candidates.gather(0, accepted_len)
@@ -107,8 +143,12 @@ def finish(
             reasons.double(),
             top.z1.double(),
             top.z2.double(),
+            prep.problems.double(),
         ]
     ).cpu()
+    failed = [problem for problem, flag in zip(PROBLEMS, packed[2 + 3 * n :].tolist()) if flag]
+    if failed:
+        raise ValueError("invalid verifier input: " + "; ".join(failed))
     count = int(packed[0])
     visited = min(count + 1, n)
     z1 = packed[2 + n : 2 + n + visited].float()

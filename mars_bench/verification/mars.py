@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import TopTwo, finish, strict_rejection
+from mars_bench.verification.kernels import Prepared, TopTwo, finish, strict_rejection
 from mars_bench.verification.sampling import probabilities, sample_rows
 from mars_bench.verification.strict import ChainVerifier
 
@@ -70,7 +70,8 @@ class MarsVerifier(ChainVerifier):
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "theta": self.theta, "guard": self.guard, "correction": self.correction}
 
-    def greedy(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo) -> Verdict:
+    def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
+        processed, top = prep.processed, prep.top
         drafts = step.draft_tokens
         trigger = margin_trigger(top, self.theta, self.guard)
         is_top1, is_top2 = drafts == top.t1, (drafts == top.t2) & (top.t2 != top.t1)
@@ -78,13 +79,14 @@ class MarsVerifier(ChainVerifier):
         accepted = is_top1 | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return finish(accepted, reasons, torch.argmax(processed, dim=-1), top)
+        return finish(accepted, reasons, torch.argmax(processed, dim=-1), prep)
 
-    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+        processed, top = prep.processed, prep.top
         n, drafts = step.num_drafts, step.draft_tokens
         trigger = margin_trigger(top, self.theta, self.guard)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
-        probs = probabilities(processed)
+        probs = probabilities(processed, step.sampling)
         strict = strict_rejection(probs, drafts, step.draft_dists, generator)
         relaxed = trigger & in_top2 & ~strict.accepted
         accepted = strict.accepted | relaxed
@@ -94,4 +96,4 @@ class MarsVerifier(ChainVerifier):
         if self.correction == "target" and self.theta is not None:
             from_target = sample_rows(probs[:n], generator)
             candidates = torch.cat([torch.where(trigger, from_target, candidates[:n]), candidates[n:]])
-        return finish(accepted, reasons, candidates, top)
+        return finish(accepted, reasons, candidates, prep)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import TopTwo, finish, gather_at
+from mars_bench.verification.kernels import Prepared, finish, gather_at
 from mars_bench.verification.mars import check_theta
 from mars_bench.verification.sampling import probabilities, sample_rows
 from mars_bench.verification.strict import ChainVerifier
@@ -35,9 +35,10 @@ class MarsReferenceVerifier(ChainVerifier):
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "theta": self.theta}
 
-    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+        processed, top = prep.processed, prep.top
         n, drafts = step.num_drafts, step.draft_tokens
-        probs = probabilities(processed)
+        probs = probabilities(processed, step.sampling)
         if self.theta is None:
             trigger = torch.zeros_like(drafts, dtype=torch.bool)
         else:
@@ -59,4 +60,4 @@ class MarsReferenceVerifier(ChainVerifier):
         adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs[:n])
         correction_rows = torch.where(trigger[:, None], probs[:n], adjusted)
         candidates = sample_rows(torch.cat([correction_rows, probs[n:]]), generator)
-        return finish(accepted, reasons, candidates, top)
+        return finish(accepted, reasons, candidates, prep)

@@ -1,12 +1,15 @@
 """Sampling settings and the one logits processor every verifier and drafter shares.
 
-The processor turns raw logits into *processed* logits: divided by the temperature, then
-top-k and top-p filtered (filtered entries become ``-inf``). At temperature 0 decoding is
-greedy and the raw logits are returned unchanged (argmax is all that is used).
+``process_logits`` applies top-k and top-p (filtered entries become ``-inf``) and keeps the
+logits otherwise unscaled; ``probabilities`` applies the temperature. Ratios and signs of
+logits, which is all the MARS margin and its guards look at, do not depend on a positive
+temperature, and keeping the scaling inside a max-shifted softmax keeps extreme
+temperatures (1e-30, 1e30) finite. At temperature 0 decoding is greedy (argmax).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +29,9 @@ class SamplingParams:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
-            raise ValueError(f"temperature={self.temperature!r} is invalid: allowed is a number >= 0 (0 = greedy)")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r} is invalid: allowed is a finite number >= 0 (0 = greedy)")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p!r} is invalid: allowed is a number in (0, 1]")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} is invalid: allowed is an integer >= 0 (0 = off)")
@@ -38,24 +41,27 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Processed float32 logits, same shape as ``logits`` ([..., V]).
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
-    Temperature scaling, then top-k, then top-p; filtered entries are ``-inf``.
-    Greedy settings return the raw logits as float32.
-    """
+
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(logits - rowmax) / temperature: finite wherever the logit is, for any temperature > 0."""
+    return (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+
+
+def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """Float32 logits [..., V] with top-k, then top-p (on the tempered distribution) filtered to -inf."""
     z = logits.float()
     if sampling.greedy:
         return z
-    if sampling.temperature != 1.0:
-        z = z / sampling.temperature
     vocab = z.shape[-1]
     if 0 < sampling.top_k < vocab:
         kth = torch.topk(z, sampling.top_k, dim=-1).values[..., -1:]
         z = z.masked_fill(z < kth, float("-inf"))
     if sampling.top_p < 1.0:
         sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        sorted_p = torch.softmax(sorted_z, dim=-1)
+        sorted_p = torch.softmax(scaled(sorted_z, sampling.temperature), dim=-1)
         mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
         drop_sorted = mass_before >= sampling.top_p  # always keeps the top token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
@@ -63,9 +69,11 @@ def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tens
     return z
 
 
-def probabilities(processed_logits: torch.Tensor) -> torch.Tensor:
-    """softmax of processed logits, float32, [..., V]."""
-    return torch.softmax(processed_logits, dim=-1)
+def probabilities(processed: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """softmax(processed / temperature), float32 [..., V] (one-hot at the argmax when greedy)."""
+    if sampling.greedy:
+        return torch.zeros_like(processed).scatter_(-1, processed.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.softmax(scaled(processed, sampling.temperature), dim=-1)
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -84,4 +92,4 @@ def choose_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: tor
     """Next token per row of raw ``logits`` [R, V]: argmax when greedy, else a sample."""
     if sampling.greedy:
         return torch.argmax(logits, dim=-1)
-    return sample_rows(probabilities(process_logits(logits, sampling)), generator)
+    return sample_rows(probabilities(process_logits(logits, sampling), sampling), generator)

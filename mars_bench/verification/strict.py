@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, Verifier, VerifyInput, register_verifier
-from mars_bench.verification.kernels import TopTwo, finish, reasons_from, strict_rejection, top_two
+from mars_bench.verification.kernels import Prepared, finish, input_problems, reasons_from, strict_rejection, top_two
 from mars_bench.verification.sampling import probabilities, process_logits, sample_rows
 
 
@@ -19,19 +21,22 @@ class ChainVerifier(Verifier):
     def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
         step.check()
         step.require_chain(self.name)
+        problems = input_problems(step)
+        # Out-of-range drafts are reported by ``finish``; clamping keeps the gathers before it valid.
+        step = replace(step, draft_tokens=step.draft_tokens.clamp(0, step.target_logits.shape[-1] - 1))
         processed = process_logits(step.target_logits, step.sampling)  # [N+1, V]
-        top = top_two(processed[: step.num_drafts])
+        prep = Prepared(processed, top_two(processed[: step.num_drafts]), problems)
         if step.sampling.greedy:
-            return self.greedy(step, processed, top)
-        return self.sampled(step, processed, top, generator)
+            return self.greedy(step, prep)
+        return self.sampled(step, prep, generator)
 
-    def greedy(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo) -> Verdict:
+    def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
         """Keep drafts equal to the argmax, emit the argmax after them."""
-        choices = torch.argmax(processed, dim=-1)
+        choices = torch.argmax(prep.processed, dim=-1)
         accepted = step.draft_tokens == choices[: step.num_drafts]
-        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, top)
+        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
 
-    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         raise NotImplementedError
 
 
@@ -47,10 +52,10 @@ class ExactVerifier(ChainVerifier):
 
     lossless = True
 
-    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
-        choices = sample_rows(probabilities(processed), generator)
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+        choices = sample_rows(probabilities(prep.processed, step.sampling), generator)
         accepted = step.draft_tokens == choices[: step.num_drafts]
-        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, top)
+        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
 
 
 @register_verifier("rejection")
@@ -65,6 +70,6 @@ class RejectionVerifier(ChainVerifier):
 
     lossless = True
 
-    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
-        strict = strict_rejection(probabilities(processed), step.draft_tokens, step.draft_dists, generator)
-        return finish(strict.accepted, reasons_from(strict.accepted, Reason.SAMPLED), strict.candidates, top)
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+        strict = strict_rejection(probabilities(prep.processed, step.sampling), step.draft_tokens, step.draft_dists, generator)
+        return finish(strict.accepted, reasons_from(strict.accepted, Reason.SAMPLED), strict.candidates, prep)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import TopTwo, finish, gather_at, reasons_from
+from mars_bench.verification.kernels import Prepared, finish, gather_at, reasons_from
 from mars_bench.verification.sampling import probabilities, sample_rows
 from mars_bench.verification.strict import ChainVerifier
 
@@ -28,11 +28,12 @@ class TypicalVerifier(ChainVerifier):
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "delta": self.delta}
 
-    def sampled(self, step: VerifyInput, processed: torch.Tensor, top: TopTwo, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+        processed, top = prep.processed, prep.top
         n, drafts = step.num_drafts, step.draft_tokens
-        probs = probabilities(processed)
+        probs = probabilities(processed, step.sampling)
         entropy = -(probs[:n] * torch.log(probs[:n].clamp(min=1e-30))).sum(-1)
         threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
         accepted = gather_at(probs[:n], drafts) > threshold
         accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
-        return finish(accepted, reasons_from(accepted, accept_reason), sample_rows(probs, generator), top)
+        return finish(accepted, reasons_from(accepted, accept_reason), sample_rows(probs, generator), prep)
