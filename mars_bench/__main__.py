@@ -8,6 +8,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from mars_bench.config import register_configs
@@ -16,26 +17,37 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 register_configs()
 
 
-class RunError(Exception):
-    """Bad input found at run time; reported as one line."""
-
-
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    from mars_bench.bench.cell import run_cell
+    from mars_bench.bench.cell import failure_record, run_cell
+    from mars_bench.bench.failures import FAILED_EXIT, failure_line
+    from mars_bench.bench.records import RecordWriter
     from mars_bench.bench.summary import write_summary
-    from mars_bench.sources import SourceError
 
     hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     folder = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
+    name = cell_name(hydra_cfg)
     try:
         check_writable(folder)
-        rows = run_cell(cfg, folder, name=cell_name(hydra_cfg))
-    except (ValueError, SourceError, OSError) as error:
+    except OSError as error:
         print(f"mars_bench: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        rows = run_cell(cfg, folder, name=name)
+    except Exception as error:  # the cell cannot run (bad input, a model that will not load, ...)
+        RecordWriter(folder).write(failure_record(cfg, name, error))
+        print(f"mars_bench: error: {error}", file=sys.stderr)
+        if multirun:
+            return  # the sweep goes on; SweepReport counts the failure at the end
         raise SystemExit(2) from None
     print(write_summary(rows, folder))
     print(f"records: {folder / 'records.jsonl'}")
+    failures = failure_line(rows)
+    if failures:
+        print(f"mars_bench: {failures}", file=sys.stderr)
+        if not multirun:
+            raise SystemExit(FAILED_EXIT)
 
 
 def cell_name(hydra_cfg) -> str:

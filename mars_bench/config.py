@@ -118,5 +118,9 @@ def check_run_config(cfg: Any) -> None:
         )
     if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")
+    from mars_bench.tasks import SCORERS
+
+    if cfg.task.scorer is not None and cfg.task.scorer not in SCORERS:
+        raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))} or null")
     if cfg.warmup < 0:
         raise ValueError(f"warmup={cfg.warmup} is invalid: allowed is an integer >= 0")

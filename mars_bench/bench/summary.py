@@ -22,9 +22,9 @@ def summarise(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame["emitted"] = frame["new_tokens"] - 1
     out = []
     for cell, cell_rows in frame.groupby("cell", sort=False):
-        base = cell_rows[cell_rows["method"] == BASELINE].set_index(["question_id", "turn"])
+        base = cell_rows[cell_rows["method"] == BASELINE][["question_id", "turn", "new_tokens", "seconds"]]
         for method, group in cell_rows.groupby("method", sort=False):
-            paired = group.set_index(["question_id", "turn"]).join(base, rsuffix="_base", how="inner")
+            paired = group.merge(base, on=["question_id", "turn"], suffixes=("", "_base"), how="inner")
             args = (paired["new_tokens"], paired["seconds"], paired["new_tokens_base"], paired["seconds_base"])
             low, high = bootstrap_ratio_ci(*args) if len(paired) else (float("nan"), float("nan"))
             steps = group["steps"].sum()

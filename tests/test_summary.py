@@ -1,0 +1,45 @@
+"""The run summary: speedup is the throughput ratio over paired prompts, tau the emitted
+tokens over verification steps, and the bootstrap interval covers the point estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from mars_bench.bench.stats import bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
+from mars_bench.bench.summary import format_table, summarise
+
+
+def row(question, method, tokens, seconds, steps, **extra):
+    return {
+        "cell": "c", "question_id": question, "turn": 1, "method": method, "verifier": "mars", "theta": 0.9,
+        "new_tokens": tokens, "prefill_s": 0.0, "decode_s": seconds, "steps": steps, "relaxed": 0,
+        "trigger_count": 0, "verified_positions": 0, "agreement": 1.0, "score": None, "status": "ok", **extra,
+    }  # fmt: skip
+
+
+ROWS = [
+    row(0, "baseline", 100, 10.0, 99),
+    row(0, "mars", 100, 5.0, 33),
+    row(1, "baseline", 50, 5.0, 49),
+    row(1, "mars", 50, 4.0, 7),
+]
+
+
+def test_speedup_and_tau_match_hand_computed_values():
+    summary = summarise(ROWS).set_index("method")
+    assert summary.loc["mars", "speedup"] == pytest.approx((150 / 9.0) / (150 / 15.0))
+    assert summary.loc["mars", "speedup_mean_rate"] == pytest.approx(((100 / 5 + 50 / 4) / 2) / ((100 / 10 + 50 / 5) / 2))
+    assert summary.loc["mars", "tau"] == pytest.approx((99 + 49) / (33 + 7))
+    assert summary.loc["baseline", "tau"] == pytest.approx(1.0)
+    assert summary.loc["mars", "speedup_ci_low"] <= summary.loc["mars", "speedup"] <= summary.loc["mars", "speedup_ci_high"]
+    assert "| c | mars | 2 |" in format_table(summarise(ROWS))
+
+
+def test_the_ratios_agree_on_equal_prompts():
+    args = ([10, 10], [1.0, 1.0], [10, 10], [2.0, 2.0])
+    assert throughput_ratio(*args) == pytest.approx(2.0) == mean_rate_ratio(*args)
+    assert bootstrap_ratio_ci(*args) == pytest.approx((2.0, 2.0))
+
+
+def test_no_rows_give_an_empty_summary_not_a_traceback():
+    assert format_table(summarise([])) == "no finished rows to summarise"
