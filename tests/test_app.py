@@ -106,6 +106,8 @@ def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
         assert row["verified_positions"] == len(row["margins"]) == len(row["reasons"])
     baseline = next(r for r in rows if r["method"] == "baseline")
     assert baseline["tau"] == 1.0 and baseline["agreement"] is None
+    # the method ran first on the second question, yet every method row is compared with its baseline
+    assert all(0 <= r["agreement"] <= 1 for r in rows if r["method"] == "mars")
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"packages", "git", "cpu", "models", "seeds", "config"} <= set(manifest)
     assert manifest["models"]["target"]["dtype"] == "bfloat16"

@@ -4,6 +4,7 @@ configured method, order alternating per question, each turn written as one reco
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -162,12 +163,27 @@ class Cell:
 
         for index, question in enumerate(tqdm(self.questions, desc=self.name, disable=not progress)):
             order = self.methods if index % 2 == 0 else self.methods[::-1]
+            waiting: list[Record] = []  # method rows decoded before their baseline rows exist
             for method in order:
-                self.run_question(index, question, method)
+                for record in self.run_question(index, question, method):
+                    if method.verifier is not None and not self.writer.has((str(question.question_id), record.turn, BASELINE)):
+                        waiting.append(record)
+                    else:
+                        self.write(record)
+            for record in waiting:
+                self.write(record)
         return list(self.writer.rows.values())
 
-    def run_question(self, index: int, question: Question, method: Method) -> None:
-        """All turns of one question; turn t is conditioned on this method's own earlier answers."""
+    def write(self, record: Record) -> None:
+        """Append a record, first comparing a method's output with its baseline row."""
+        baseline = self.writer.rows.get((str(record.question_id), record.turn, BASELINE))
+        if record.method != BASELINE and record.status == "ok" and baseline and baseline["status"] == "ok":
+            record.agreement, record.first_divergence = compare(record.output_ids, baseline["output_ids"])
+        self.writer.write(record)
+
+    def run_question(self, index: int, question: Question, method: Method) -> Iterator[Record]:
+        """Yield the new records of all turns of one question, in order; turn t is conditioned
+        on this method's own earlier answers. A failed turn ends the question for this method."""
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(question.turns, start=1):
             messages.append({"role": "user", "content": text})
@@ -184,9 +200,9 @@ class Cell:
                     answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
                     record = self.record(question, turn, method, prompt, result, answer)
                 except Exception as error:  # out of memory, a scorer or template bug: record it, go on
-                    self.writer.write(failure_record(self.cfg, self.name, error, question, turn, method.label))
+                    yield failure_record(self.cfg, self.name, error, question, turn, method.label)
                     return
-                self.writer.write(record)
+                yield record
             messages.append({"role": "assistant", "content": answer})
 
     def record(
@@ -196,10 +212,9 @@ class Cell:
         phases = result.phase_seconds()
         accepted, reached = result.accepted_per_depth()
         z1 = torch.tensor([z for step in result.steps for z in step.top1_logits], dtype=torch.float64)
+        z2 = torch.tensor([z for step in result.steps for z in step.top2_logits], dtype=torch.float64)
         margins = torch.tensor([r for step in result.steps for r in step.margins], dtype=torch.float64)
-        triggered = margin_trigger(TopTwo(z1, z1, margins * z1, z1), self.theta, self.guard) if z1.numel() else z1.bool()
-        baseline = self.writer.rows.get((str(question.question_id), turn, BASELINE))
-        agreement, divergence = compare(result.tokens, baseline["output_ids"] if baseline else None)
+        triggered = margin_trigger(TopTwo(z1, z1, z2, z1), self.theta, self.guard)
         is_method = method.verifier is not None
         return Record(
             **cell_keys(cfg, self.name, method.verifier or self.methods[1].verifier),
@@ -232,8 +247,6 @@ class Cell:
             stop_reason=result.stop_reason,
             output_ids=result.tokens,
             output_text=answer,
-            agreement=agreement,
-            first_divergence=divergence,
             score=self.scorer(answer, question) if self.scorer else None,
         )
 

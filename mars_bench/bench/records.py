@@ -1,7 +1,9 @@
 """Tidy records: one JSON line per (question, turn, method), appended and flushed per row.
 
 Rerunning a cell into the same folder skips the rows already present (resume). A run
-killed mid-write leaves at most one partial last line, which is cut off on reopening.
+killed mid-write leaves at most one partial last line, which is cut off on reopening. The
+cell holds a method's rows back only until its baseline rows for the same question exist
+(to compare outputs), so a kill loses at most the question in flight.
 """
 
 from __future__ import annotations

@@ -178,6 +178,7 @@ class _Run:
             reasons=decisions.reasons.tolist(),
             margins=decisions.margin.tolist(),
             top1_logits=decisions.top1_logit.tolist(),
+            top2_logits=decisions.top2_logit.tolist(),
             draft_s=draft_s,
             target_s=target_s,
             verify_s=verify_s,

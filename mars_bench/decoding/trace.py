@@ -16,7 +16,8 @@ class StepRecord:
     emitted: int  # tokens committed by this step after stop / budget cuts
     reasons: list[int] = field(default_factory=list)  # Reason code per visited depth
     margins: list[float] = field(default_factory=list)  # z2 / z1 per visited depth
-    top1_logits: list[float] = field(default_factory=list)
+    top1_logits: list[float] = field(default_factory=list)  # largest target logit per visited depth
+    top2_logits: list[float] = field(default_factory=list)  # runner-up logit per visited depth
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
