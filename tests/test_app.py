@@ -60,6 +60,7 @@ def test_the_shipped_groups_cover_the_paper():
         "qwen3-235b-a22b",
     } <= set(GROUPS["model"])
     assert {"exact", "rejection", "mars", "mars_ref", "typical"} <= set(GROUPS["verifier"])
+    assert {"mt_bench", "humaneval", "gsm8k", "alpaca", "cnndm", "qa", "wmt19", "aime2025"} <= set(GROUPS["task"])
     assert {"model", "layerskip", "lookup", "none"} <= set(GROUPS["drafter"])
     assert {"smoke", "default", "paper"} <= set(GROUPS["experiment"])
 
@@ -107,7 +108,7 @@ def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
     baseline = next(r for r in rows if r["method"] == "baseline")
     assert baseline["tau"] == 1.0 and baseline["agreement"] is None
     # the method ran first on the second question, yet every method row is compared with its baseline
-    assert all(0 <= r["agreement"] <= 1 for r in rows if r["method"] == "mars")
+    assert all(0 <= r["agreement"] <= 1 and 0 <= r["baseline_rouge_l"] <= 1 for r in rows if r["method"] == "mars")
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"packages", "git", "cpu", "models", "seeds", "config"} <= set(manifest)
     assert manifest["models"]["target"]["dtype"] == "bfloat16"

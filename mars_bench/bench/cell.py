@@ -21,6 +21,7 @@ from mars_bench.drafting import build_drafter
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.loading import load_questions
+from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier, get_verifier
 from mars_bench.verification.kernels import TopTwo
 from mars_bench.verification.mars import margin_trigger
@@ -179,6 +180,7 @@ class Cell:
         baseline = self.writer.rows.get((str(record.question_id), record.turn, BASELINE))
         if record.method != BASELINE and record.status == "ok" and baseline and baseline["status"] == "ok":
             record.agreement, record.first_divergence = compare(record.output_ids, baseline["output_ids"])
+            record.baseline_rouge_l = rouge_l(record.output_text, baseline["output_text"])
         self.writer.write(record)
 
     def run_question(self, index: int, question: Question, method: Method) -> Iterator[Record]:

