@@ -1,0 +1,124 @@
+"""An lm-evaluation-harness model whose ``generate_until`` runs our speculative decoder.
+
+    mars-bench-lm-eval run --model mars_bench \
+        --model_args target=HuggingFaceTB/SmolLM2-135M-Instruct,drafter=lookup,verifier=mars,theta=0.9 \
+        --include_path examples/lm_eval --tasks gsm8k_local --limit 5
+
+``mars-bench-lm-eval`` is lm-eval's own command line with this model registered (plain
+``lm_eval`` knows only the models it ships; from Python, importing this module registers
+``mars_bench`` for ``lm_eval.simple_evaluate``). Generative tasks only: log-likelihood
+requests are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from mars_bench.decoding import decode
+from mars_bench.drafting import build_drafter
+from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.verification import get_verifier
+
+VERIFIER_KEYS = {"theta", "guard", "correction", "epsilon", "delta"}
+
+
+@register_model("mars_bench")
+class MarsBenchLM(LM):
+    """target / draft_model: Hub ids or folders; drafter: model | layerskip | lookup | none."""
+
+    def __init__(
+        self,
+        target: str,
+        draft_model: str | None = None,
+        drafter: str = "lookup",
+        verifier: str = "exact",
+        gamma: int = 5,
+        layers: int | None = None,
+        dtype: str = "bfloat16",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        seed: int = 0,
+        **verifier_params: Any,
+    ) -> None:
+        super().__init__()
+        unknown = set(verifier_params) - VERIFIER_KEYS - {"batch_size", "device", "max_batch_size"}
+        if unknown:
+            raise ValueError(f"unknown model_args {sorted(unknown)}: allowed verifier settings are {sorted(VERIFIER_KEYS)}")
+        self.verifier = get_verifier(verifier, **{k: v for k, v in verifier_params.items() if k in VERIFIER_KEYS})
+        self.target = load_model(target, dtype=dtype)
+        self.drafter = self._drafter(drafter, draft_model, dtype, layers)
+        self.settings = {"gamma": int(gamma), "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
+        self.max_new_tokens = int(max_new_tokens)
+        self.stops = stop_token_ids(self.target)
+
+    def _drafter(self, name: str, draft_model: str | None, dtype: str, layers: int | None) -> Any:
+        if name == "model":
+            if not draft_model:
+                raise ValueError("drafter=model needs draft_model=<Hub id or folder>")
+            small = load_model(draft_model, dtype=dtype)
+            check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
+            return build_drafter("model", model=small.model, vocab_size=self.target.model.config.vocab_size)
+        if name == "layerskip":
+            return build_drafter("layerskip", target=self.target.model, layers=None if layers is None else int(layers))
+        if name == "lookup":
+            return build_drafter("lookup", device=self.target.device)
+        return build_drafter(name)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.target.resolved.name).replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.target.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.target.tokenizer.chat_template if chat_template else None
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        outputs = []
+        for request in requests:
+            context, gen_kwargs = request.args
+            outputs.append(self.generate(context, dict(gen_kwargs or {})))
+        return outputs
+
+    def generate(self, context: str, gen_kwargs: dict[str, Any]) -> str:
+        until = gen_kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        prompt = self.target.tokenizer(context, add_special_tokens=False)["input_ids"]
+        result = decode(
+            self.target.model,
+            self.drafter,
+            self.verifier,
+            prompt,
+            max_new_tokens=int(gen_kwargs.get("max_gen_toks", self.max_new_tokens)),
+            stop_token_ids=self.stops,
+            **self.settings,
+        )
+        text = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        cut = min((text.find(stop) for stop in until if stop and stop in text), default=len(text))
+        return text[:cut]
+
+    def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
+        raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
+
+    def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
+        raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
+
+
+def cli() -> None:
+    """lm-eval's command line, with the ``mars_bench`` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    torch.set_num_threads(torch.get_num_threads())
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    cli()
