@@ -66,6 +66,7 @@ VERIFIER_PARAMS = {
 class TaskConfig:
     name: str = "humaneval"
     file: str = "humaneval/question.jsonl"  # absolute, or relative to data_dir
+    sources: list[str] = field(default_factory=lambda: ["file", "hub", "package"])  # tried in this order
     num_prompts: int | None = 10  # the first N questions; null = all
     system_prompt: str | None = None
     scorer: str | None = None

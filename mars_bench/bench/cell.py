@@ -20,7 +20,7 @@ from mars_bench.decoding import DecodeResult, decode
 from mars_bench.drafting import build_drafter
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
-from mars_bench.tasks.loading import load_questions
+from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier, get_verifier
 from mars_bench.verification.kernels import TopTwo
