@@ -70,6 +70,8 @@ class TaskConfig:
     num_prompts: int | None = 10  # the first N questions; null = all
     system_prompt: str | None = None
     scorer: str | None = None
+    judge_model: str | None = None  # for scorer=judge: any causal LM, by Hub id or folder
+    judge_max_new_tokens: int = 512
 
 
 @dataclass
@@ -121,7 +123,9 @@ def check_run_config(cfg: Any) -> None:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")
     from mars_bench.tasks import SCORERS
 
-    if cfg.task.scorer is not None and cfg.task.scorer not in SCORERS:
-        raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))} or null")
+    if cfg.task.scorer is not None and cfg.task.scorer not in (*SCORERS, "judge"):
+        raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))}, judge or null")
+    if cfg.task.scorer == "judge" and not cfg.task.judge_model:
+        raise ValueError("task.scorer=judge needs task.judge_model=<Hub id or folder of the judge model>")
     if cfg.warmup < 0:
         raise ValueError(f"warmup={cfg.warmup} is invalid: allowed is an integer >= 0")

@@ -76,7 +76,7 @@ def test_identical_runs_give_identical_records_greedy_and_sampled(tmp_path):
 
 
 def test_a_failing_scorer_becomes_a_failure_row_and_the_cell_goes_on(tmp_path, monkeypatch):
-    def explode(answer, question):
+    def explode(answer, question, **context):
         if question.question_id == 0:
             raise ZeroDivisionError("scorer bug")
         return 1.0

@@ -20,6 +20,7 @@ from mars_bench.decoding import DecodeResult, decode
 from mars_bench.drafting import build_drafter
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
+from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier, get_verifier
@@ -105,9 +106,16 @@ class Cell:
         self.stops = stop_token_ids(self.target)
         verifier = get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
         self.methods = [Method(BASELINE, None, None), Method(cfg.verifier.name, verifier, self.build_drafter())]
-        self.scorer = SCORERS.get(cfg.task.scorer) if cfg.task.scorer else None
+        self.scorer = self.build_scorer()
         self.theta = getattr(verifier, "theta", 0.9)
         self.guard = getattr(verifier, "guard", "never")
+
+    def build_scorer(self) -> Any:
+        task, model = self.cfg.task, self.cfg.model
+        if task.scorer == "judge":
+            judge = cached_model(task.judge_model, model.dtype, model.device_map, model.attn_implementation, None)
+            return JudgeScorer(judge, load_judge_prompts(self.cfg.data_dir), task.judge_max_new_tokens)
+        return SCORERS.get(task.scorer) if task.scorer else None
 
     def build_drafter(self) -> Any:
         d, target = self.cfg.drafter, self.target.model
@@ -187,6 +195,7 @@ class Cell:
         """Yield the new records of all turns of one question, in order; turn t is conditioned
         on this method's own earlier answers. A failed turn ends the question for this method."""
         messages: list[dict[str, str]] = []
+        answers: list[str] = []
         for turn, text in enumerate(question.turns, start=1):
             messages.append({"role": "user", "content": text})
             key = (str(question.question_id), turn, method.label)
@@ -201,11 +210,14 @@ class Cell:
                     result = self.decode(method, prompt, seed=self.cfg.seed * 1_000_003 + index * 101 + turn)
                     answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
                     record = self.record(question, turn, method, prompt, result, answer)
+                    if self.scorer is not None:
+                        record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
                 except Exception as error:  # out of memory, a scorer or template bug: record it, go on
                     yield failure_record(self.cfg, self.name, error, question, turn, method.label)
                     return
                 yield record
             messages.append({"role": "assistant", "content": answer})
+            answers.append(answer)
 
     def record(
         self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, answer: str
@@ -249,7 +261,6 @@ class Cell:
             stop_reason=result.stop_reason,
             output_ids=result.tokens,
             output_text=answer,
-            score=self.scorer(answer, question) if self.scorer else None,
         )
 
 

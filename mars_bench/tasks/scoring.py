@@ -12,7 +12,7 @@ from math import comb
 
 from mars_bench.tasks.questions import Question
 
-Scorer = Callable[[str, Question], "float | None"]
+Scorer = Callable[..., "float | None"]  # (answer, question, *, turn, answers) -> score
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -33,7 +33,7 @@ def extract_final_number(text: str) -> float | None:
     return _number(numbers[-1]) if numbers else None
 
 
-def gsm8k_score(answer: str, question: Question) -> float | None:
+def gsm8k_score(answer: str, question: Question, **context: object) -> float | None:
     """1.0 if the answer's final number equals the reference's ``#### N``, else 0.0."""
     if not question.reference:
         return None
@@ -68,7 +68,7 @@ def _latex_number(text: str) -> float | None:
     return _number(text)
 
 
-def aime_score(answer: str, question: Question) -> float | None:
+def aime_score(answer: str, question: Question, **context: object) -> float | None:
     """1.0 if the last ``\\boxed{}`` matches the reference numerically (tolerance 1e-6) or as a string."""
     if not question.reference:
         return None
@@ -97,7 +97,7 @@ def humaneval_problems() -> dict[int, dict]:
     return {int(task_id.split("/")[1]): problem for task_id, problem in read_problems().items()}
 
 
-def humaneval_score(answer: str, question: Question) -> float | None:
+def humaneval_score(answer: str, question: Question, **context: object) -> float | None:
     """pass@1 of one answer: the problem's prompt, the extracted code, its tests, run in the sandbox."""
     from mars_bench.tasks.sandbox import SandboxLimits, humaneval_program, run_python
 
@@ -124,11 +124,11 @@ def rouge_l(candidate: str, reference: str) -> float:
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True).score(reference, candidate)["rougeL"].fmeasure
 
 
-def cnndm_score(answer: str, question: Question) -> float | None:
+def cnndm_score(answer: str, question: Question, **context: object) -> float | None:
     return rouge_l(answer, question.reference[0]) if question.reference else None
 
 
-def wmt19_score(answer: str, question: Question) -> float | None:
+def wmt19_score(answer: str, question: Question, **context: object) -> float | None:
     """Sentence BLEU (sacreBLEU, 13a); corpus BLEU and chrF come from the records in analysis."""
     if not question.reference:
         return None
