@@ -6,20 +6,31 @@ The Python API in one call::
     result = decode(target_model, drafter, get_verifier("mars", theta=0.9), prompt_ids,
                     max_new_tokens=128, temperature=1.0)
     result.tokens, result.tau, result.steps
+
+Names are imported on first use, so that reading records (``mars_bench.bench.records``,
+``mars_bench.bench.stats``) never imports torch.
 """
 
-from mars_bench.decoding import DecodeResult, StepRecord, decode
-from mars_bench.drafting import available_drafters, build_drafter
-from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
+from __future__ import annotations
 
-__all__ = [
-    "DecodeResult",
-    "StepRecord",
-    "VerifyInput",
-    "available_drafters",
-    "available_verifiers",
-    "build_drafter",
-    "decode",
-    "get_verifier",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DecodeResult": "mars_bench.decoding",
+    "StepRecord": "mars_bench.decoding",
+    "decode": "mars_bench.decoding",
+    "available_drafters": "mars_bench.drafting",
+    "build_drafter": "mars_bench.drafting",
+    "VerifyInput": "mars_bench.verification",
+    "available_verifiers": "mars_bench.verification",
+    "get_verifier": "mars_bench.verification",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mars_bench' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
