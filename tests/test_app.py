@@ -145,7 +145,7 @@ def test_a_multirun_gives_one_cell_per_threshold(tmp_path):
     result = app("-m", *FAST, "task.num_prompts=1", "verifier.theta=0.5,0.9", f"hydra.sweep.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     cells = sorted(p for p in tmp_path.iterdir() if p.is_dir())
-    assert [c.name for c in cells] == ["0_mars_theta0.5_t1.0", "1_mars_theta0.9_t1.0"]
+    assert [c.name for c in cells] == ["0_humaneval_mars_theta0.5_t1.0", "1_humaneval_mars_theta0.9_t1.0"]
     for cell, theta in zip(cells, (0.5, 0.9)):
         rows = list(read_rows(cell / "records.jsonl"))
         assert {r["method"] for r in rows} == {"baseline", "mars"}
