@@ -89,10 +89,6 @@ def cache_dir_for(name: str) -> Path:
     return cache_root() / "models" / name.replace("/", "--")
 
 
-def looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or os.sep in name and not _is_hub_id(name)
-
-
 def _is_hub_id(name: str) -> bool:
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
