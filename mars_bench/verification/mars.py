@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, TopTwo, finish, strict_rejection
+from mars_bench.verification.kernels import Prepared, finish, strict_rejection
 from mars_bench.verification.sampling import probabilities, sample_rows
 from mars_bench.verification.strict import ChainVerifier
 
@@ -48,13 +48,13 @@ def check_choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def margin_trigger(top: TopTwo, theta: float | None, guard: str) -> torch.Tensor:
-    """BoolTensor[R]: where the margin rule relaxes."""
+def margin_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None, guard: str) -> torch.Tensor:
+    """BoolTensor[R]: where the margin rule relaxes, from the top-1 and runner-up logits [R]."""
     if theta is None:
-        return torch.zeros_like(top.z1, dtype=torch.bool)
+        return torch.zeros_like(z1, dtype=torch.bool)
     if guard == "gap":
-        return (top.z1 - top.z2) < (1.0 - theta) * top.z1.abs()
-    return (top.z1 > 0) & (top.z2 > theta * top.z1)
+        return (z1 - z2) < (1.0 - theta) * z1.abs()
+    return (z1 > 0) & (z2 > theta * z1)
 
 
 @register_verifier("mars")
@@ -73,7 +73,7 @@ class MarsVerifier(ChainVerifier):
     def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
         processed, top = prep.processed, prep.top
         drafts = step.draft_tokens
-        trigger = margin_trigger(top, self.theta, self.guard)
+        trigger = margin_trigger(top.z1, top.z2, self.theta, self.guard)
         is_top1, is_top2 = drafts == top.t1, (drafts == top.t2) & (top.t2 != top.t1)
         relaxed = trigger & is_top2
         accepted = is_top1 | relaxed
@@ -84,7 +84,7 @@ class MarsVerifier(ChainVerifier):
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         processed, top = prep.processed, prep.top
         n, drafts = step.num_drafts, step.draft_tokens
-        trigger = margin_trigger(top, self.theta, self.guard)
+        trigger = margin_trigger(top.z1, top.z2, self.theta, self.guard)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
         probs = probabilities(processed, step.sampling)
         strict = strict_rejection(probs, drafts, step.draft_dists, generator)
