@@ -1,13 +1,115 @@
-"""``python -m analysis DIR [DIR ...] [--out FOLDER]``: gather records, write tables."""
+"""``python -m analysis DIR [DIR ...] [--out FOLDER]``: gather the records below run or sweep
+folders and write the tables, figures and an index.md that links them."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
+from analysis import acceptance, figures
+from analysis.cells import NotEnoughData, method_summary
 from analysis.gather import NoRecordsError, gather
+from analysis.quality import quality_table
 from analysis.tables import table1, to_latex, to_markdown
+
+DESCRIPTIONS = {
+    "settings": "every setting (target, drafter, task, temperature, verifier, theta): prompts, speedup with its bootstrap "
+    "95% CI, tau, acceptance and trigger rates, score with its CI.",
+    "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline) and tau per target, "
+    "drafter, temperature and verifier, column groups per task, unweighted Mean.",
+    "threshold ablation": "speedup, tau, score and trigger rate against theta on one x axis, one line per task; dashed: "
+    "the strict verifier.",
+    "pareto": "score against speedup for every verifier and theta, per task, with the Pareto front.",
+    "quality": "task score per verifier, its mean paired difference from the strict verifier (rejection when sampling, "
+    "exact when greedy; the AR baseline if the strict one was not run) on the same prompts, bootstrap 95% CI of that "
+    "difference, and a two-sided paired sign-flip permutation test.",
+    "alpha per depth": "alpha_d, the share of drafts reaching depth d that are accepted, per verifier and task.",
+    "margin histograms": "histograms of the margin z2 / z1 at strict accepts, relaxed accepts and rejections, per verifier.",
+    "acceptance by margin": "acceptance rate of verified positions per margin bin, with counts.",
+    "shadow": "acceptance rate (kept drafts / drafts) of the live verifier and of each shadow verifier on the very same "
+    "drafts and target logits.",
+}
+
+
+class Report:
+    """Writes artefacts into one folder and keeps the index lines (or why one was skipped)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.lines: list[str] = []
+        self.skipped: list[str] = []
+
+    def make(self, what: str, build: Callable[[], list[str]]) -> None:
+        try:
+            names = build()
+        except NotEnoughData as reason:
+            self.skipped.append(f"- {what}: skipped, {reason}.")
+            print(f"analysis: {what} skipped: {reason}", file=sys.stderr)
+            return
+        links = " / ".join(f"[{name}]({name})" for name in names)
+        self.lines.append(f"- {links}: {DESCRIPTIONS[what]}")
+
+    def table(self, name: str, frame: pd.DataFrame, formats: dict[str, str] | None = None) -> list[str]:
+        frame.to_csv(self.out / f"{name}.csv", index=False)
+        (self.out / f"{name}.md").write_text(to_markdown(frame, formats) + "\n")
+        return [f"{name}.md", f"{name}.csv"]
+
+
+def write_all(frame: pd.DataFrame, out: Path) -> Report:
+    report = Report(out)
+    frame.to_parquet(out / "records.parquet")
+    runs = frame["run_dir"].nunique()
+    report.lines.append(f"- [records.parquet](records.parquet): all {len(frame)} records, gathered from {runs} run folders.")
+    try:
+        summary = method_summary(frame)
+    except NotEnoughData as reason:
+        report.skipped.append(f"- every speed table and figure: skipped, {reason}.")
+        summary = None
+    if summary is not None:
+        report.make("settings", lambda: report.table("settings", summary))
+
+        def write_table1() -> list[str]:
+            table = table1(frame, summary)
+            (out / "table1.md").write_text(to_markdown(table) + "\n")
+            (out / "table1.tex").write_text(to_latex(table))
+            return ["table1.md", "table1.tex"]
+
+        report.make("table1", write_table1)
+        report.make("threshold ablation", lambda: [figures.threshold_ablation(summary, out / "threshold_ablation.png").name])
+        report.make("pareto", lambda: [figures.pareto(summary, out / "pareto.png").name])
+    report.make("quality", lambda: report.table("quality", quality_table(frame), {"p_value": "{:.3f}", "prompts": "{}"}))
+    write_acceptance(frame, report)
+    return report
+
+
+def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
+    out = report.out
+
+    def alpha() -> list[str]:
+        table = acceptance.alpha_per_depth(frame)
+        figure = figures.alpha_by_depth(table, out / "alpha_per_depth.png")
+        return [*report.table("alpha_per_depth", table), figure.name]
+
+    report.make("alpha per depth", alpha)
+    try:
+        positions = acceptance.positions(frame)
+    except NotEnoughData as reason:
+        report.skipped.append(f"- margin figures: skipped, {reason}.")
+        positions = None
+    if positions is not None:
+        report.make("margin histograms", lambda: [figures.margin_histograms(positions, out / "margin_histograms.png").name])
+
+        def by_margin() -> list[str]:
+            table = acceptance.acceptance_by_margin(positions)
+            return [*report.table("acceptance_by_margin", table),
+                    figures.acceptance_by_margin_plot(table, out / "acceptance_by_margin.png").name]  # fmt: skip
+
+        report.make("acceptance by margin", by_margin)
+    report.make("shadow", lambda: report.table("shadow", acceptance.shadow_table(frame), {"prompts": "{}", "drafted": "{}"}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,23 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         frame = gather(args.folders)
-        table = table1(frame)
-    except (NoRecordsError, ValueError) as error:
+    except NoRecordsError as error:
         print(f"analysis: error: {error}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(out / "records.parquet")
-    (out / "table1.md").write_text(to_markdown(table) + "\n")
-    (out / "table1.tex").write_text(to_latex(table))
-    (out / "index.md").write_text(
-        "# Analysis\n\n"
-        f"- [records.parquet](records.parquet): all {len(frame)} records gathered from "
-        f"{frame['run_dir'].nunique()} run folders.\n"
-        "- [table1.md](table1.md) / [table1.tex](table1.tex): speedup (throughput ratio over the paired baseline) and tau per "
-        "model, drafter, task and verifier, with the unweighted mean over tasks (the MARS paper's Table 1 layout).\n"
-    )
-    print(to_markdown(table))
+    report = write_all(frame, out)
+    index = ["# Analysis", "", f"Made by `python -m analysis {' '.join(args.folders)} --out {args.out}`.", "", *report.lines]
+    if report.skipped:
+        index += ["", "Not made from these records:", "", *report.skipped]
+    (out / "index.md").write_text("\n".join(index) + "\n")
+    print(f"analysis: wrote {len(report.lines)} entries to {out / 'index.md'}"
+          + (f" ({len(report.skipped)} skipped)" if report.skipped else ""))  # fmt: skip
     return 0
 
 

@@ -8,6 +8,10 @@ import pandas as pd
 
 from mars_bench.bench.records import RECORDS_FILE, read_rows
 
+OPTIONAL = {"theta": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
+            "trigger_count": 0, "verified_positions": 0, "draft_length": "fixed"}  # fmt: skip
+PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted")
+
 
 class NoRecordsError(ValueError):
     """Nothing to analyse: the message says where we looked."""
@@ -25,11 +29,18 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
                 frames.append(pd.DataFrame(rows).assign(run_dir=str(records.parent)))
     if not frames:
         raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}")
-    return pd.concat(frames, ignore_index=True)
+    frame = pd.concat(frames, ignore_index=True)
+    for column, default in OPTIONAL.items():
+        if column not in frame:
+            frame[column] = default
+    for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
+        frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
+    frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
+    return frame
 
 
 def finished(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows that decoded successfully, with their total seconds."""
+    """The rows that decoded successfully, with their total seconds and tokens after the prefill's."""
     ok = frame[frame["status"] == "ok"].copy()
     ok["seconds"] = ok["prefill_s"] + ok["decode_s"]
     ok["emitted"] = ok["new_tokens"] - 1

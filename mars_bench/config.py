@@ -12,6 +12,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import check_drafter_name
 from mars_bench.models import parse_dtype
@@ -41,6 +42,9 @@ class DrafterConfig:
     layers: int | None = None  # layerskip depth (default: a quarter of the target's layers)
     max_ngram: int = 3  # lookup
     min_ngram: int = 1
+    length: str = "fixed"  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence
+    max_gamma: int = 16  # schedule: the most drafts per step
+    min_confidence: float = 0.4  # confidence: stop drafting after a token the drafter gives q below this
 
 
 @dataclass
@@ -90,6 +94,8 @@ class RunConfig:
     data_dir: str | None = None  # null: $MARS_BENCH_DATA, else ../shared/data beside the repository
     output_dir: str | None = None  # null: Hydra's run folder
     progress: bool = True
+    shadow: list[str] = field(default_factory=list)  # verifiers judged beside the live one (same drafts, same logits)
+    baseline_cache: str | None = None  # a folder shared by the cells of a sweep: each baseline decoded once
 
 
 def register_configs() -> None:
@@ -108,12 +114,28 @@ def verifier_params(verifier: Any) -> dict[str, Any]:
     return {key: getattr(verifier, key) for key in VERIFIER_PARAMS[verifier.name]}
 
 
+def shadow_verifiers(cfg: Any) -> dict[str, Any]:
+    """label -> Verifier for each name in ``cfg.shadow``; settings (theta, ...) come from cfg.verifier."""
+    shadows = {}
+    for name in cfg.shadow:
+        if name not in VERIFIER_PARAMS:
+            raise ValueError(f"shadow verifier {name!r} is unknown: allowed are {', '.join(VERIFIER_PARAMS)}")
+        params = {key: getattr(cfg.verifier, key) for key in VERIFIER_PARAMS[name]}
+        label = name + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+        shadows[label] = get_verifier(name, **params)
+    return shadows
+
+
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
     get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
+    shadow_verifiers(cfg)
     check_drafter_name(cfg.drafter.name)
+    draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
+    if cfg.drafter.length == "confidence" and not 0 < cfg.drafter.min_confidence < 1:
+        raise ValueError(f"drafter.min_confidence={cfg.drafter.min_confidence} is invalid: allowed is a number in (0, 1)")
     parse_dtype(cfg.model.dtype)
     if cfg.drafter.name == "model" and not cfg.model.draft_model:
         raise ValueError(

@@ -1,5 +1,6 @@
-"""analysis/: Table 1 cells equal hand-computed values from synthetic records; empty input
-gives a clear message; the package never imports torch."""
+"""analysis/: every table cell equals a value computed by hand from synthetic records; the
+confidence intervals cover the true value at their nominal rate in simulation; a partial or
+empty sweep gives a clear message; the package never imports torch."""
 
 from __future__ import annotations
 
@@ -7,19 +8,26 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.__main__ import main
+from analysis.acceptance import OUTCOMES, acceptance_by_margin, alpha_per_depth, positions, shadow_table
+from analysis.cells import NotEnoughData, method_summary
+from analysis.figures import pareto_front
 from analysis.gather import NoRecordsError, gather
+from analysis.quality import quality_table
 from analysis.tables import table1, to_latex, to_markdown
+from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, paired_permutation_p
+from mars_bench.verification import Reason
 
 
-def record(question, method, tokens, seconds, steps, *, task="humaneval", verifier="mars", theta=0.9, status="ok"):
+def record(question, method, tokens, seconds, steps, *, task="humaneval", verifier="mars", theta=0.9, status="ok", **extra):
     return {
-        "cell": "c", "model": "qwen", "drafter": "model", "task": task, "verifier": verifier, "theta": theta,
-        "question_id": question, "turn": 1, "method": method, "status": status, "new_tokens": tokens,
-        "prefill_s": 0.0, "decode_s": seconds, "steps": steps,
+        "cell": "c", "model": "qwen", "drafter": "model", "task": task, "temperature": 1.0, "verifier": verifier,
+        "theta": theta, "question_id": question, "turn": 1, "method": method, "status": status, "new_tokens": tokens,
+        "prefill_s": 0.0, "decode_s": seconds, "steps": steps, **extra,
     }  # fmt: skip
 
 
@@ -44,21 +52,160 @@ def sweep(tmp_path):
 
 def test_table1_cells_equal_hand_computed_values(sweep):
     table = table1(gather([sweep]))
-    row = table.loc[("qwen", "model", "mars (theta 0.9)")]
+    row = table.loc[("qwen", "model", 1.0, "mars (theta 0.9)")]
     assert row[("humaneval", "speedup")] == pytest.approx((151 / 7.0) / (151 / 15.0))
     assert row[("humaneval", "tau")] == pytest.approx((99 + 50) / (24 + 10))  # the failed row is left out
     assert row[("gsm8k", "speedup")] == pytest.approx(4.0)
     assert row[("Mean", "speedup")] == pytest.approx(((151 / 7.0) / (151 / 15.0) + 4.0) / 2)
-    assert "| qwen | model | mars (theta 0.9) |" in to_markdown(table)
+    assert "| qwen | model | 1.00 | mars (theta 0.9) |" in to_markdown(table)
     latex = to_latex(table)
     assert "\\toprule" in latex and "\\bottomrule" in latex
 
 
-def test_the_command_writes_tables_and_an_index(sweep, tmp_path):
+SCORES = {  # question -> (baseline, rejection, mars 0.9, mars 0.98)
+    0: (1, 1, 0, 1), 1: (1, 1, 0, 1), 2: (0, 1, 0, 1), 3: (1, 0, 0, 0), 4: (0, 1, 0, 1), 5: (1, 1, 1, 1),
+}  # fmt: skip
+
+
+def scored_sweep(tmp_path, with_strict=True):
+    """Three cells of one sweep sharing their baselines: rejection, mars 0.9, mars 0.98."""
+    cells = [("rejection", None), ("mars", 0.9), ("mars", 0.98)][0 if with_strict else 1 :]
+    for index, (verifier, theta) in enumerate(cells):
+        column = {"rejection": 1, 0.9: 2, 0.98: 3}[verifier if theta is None else theta]
+        rows = []
+        for question, scores in SCORES.items():
+            rows.append(record(question, "baseline", 10, 2.0, 9, verifier=verifier, theta=theta, score=scores[0]))
+            rows.append(record(question, verifier, 10, 1.0, 3, verifier=verifier, theta=theta, score=scores[column]))
+        write_run(tmp_path / f"{index}_{verifier}_{theta}", rows)
+    return gather([tmp_path])
+
+
+def test_the_quality_table_pairs_every_method_with_the_strict_verifier(tmp_path):
+    table = quality_table(scored_sweep(tmp_path)).set_index("method")
+    assert set(table.index) == {"baseline", "mars (theta 0.9)", "mars (theta 0.98)"}
+    assert (table["reference"] == "rejection").all()
+    mars = table.loc["mars (theta 0.9)"]
+    assert mars["prompts"] == 6
+    assert mars["score"] == pytest.approx(1 / 6) and mars["reference_score"] == pytest.approx(5 / 6)
+    assert mars["difference"] == pytest.approx(-4 / 6)
+    # differences (-1, -1, -1, 0, -1, 0): four non-zero, all negative; 2 of 16 sign patterns are as extreme
+    assert mars["p_value"] == pytest.approx(2 / 16)
+    assert mars["ci_low"] <= mars["difference"] <= mars["ci_high"] <= 0
+    same = table.loc["mars (theta 0.98)"]
+    assert same["difference"] == 0 and same["p_value"] == 1.0
+
+
+def test_without_the_strict_verifier_the_baseline_is_the_reference(tmp_path):
+    table = quality_table(scored_sweep(tmp_path, with_strict=False)).set_index("method")
+    assert set(table.index) == {"mars (theta 0.9)", "mars (theta 0.98)"}
+    assert (table["reference"] == "baseline").all()
+    assert table.loc["mars (theta 0.98)", "difference"] == pytest.approx((5 - 4) / 6)
+
+
+def test_a_setting_summary_pools_prompts_and_counts_triggers(tmp_path):
+    rows = [record(0, "baseline", 10, 2.0, 9), record(1, "baseline", 30, 6.0, 29),
+            record(0, "mars", 10, 1.0, 3, drafted=12, accepted=6, relaxed=2, trigger_count=3, verified_positions=9),
+            record(1, "mars", 30, 2.0, 7, drafted=30, accepted=22, relaxed=1, trigger_count=1,
+                   verified_positions=27)]  # fmt: skip
+    write_run(tmp_path / "run", rows)
+    summary = method_summary(gather([tmp_path])).iloc[0]
+    assert summary["speedup"] == pytest.approx((40 / 3.0) / (40 / 8.0))
+    assert summary["tau"] == pytest.approx((9 + 29) / (3 + 7))
+    assert summary["acceptance_rate"] == pytest.approx(28 / 42)
+    assert summary["relaxed_share"] == pytest.approx(3 / 28)
+    assert summary["trigger_rate"] == pytest.approx(4 / 36)
+
+
+def acceptance_rows(tmp_path):
+    mars = record(0, "mars", 10, 1.0, 3, accepted_per_depth=[3, 2, 0], reached_per_depth=[3, 3, 2], drafted=9, accepted=5,
+                  margins=[0.95, 0.5, 0.2, 0.91, 0.99, None], reasons=[0, 1, 3, 2, 1, 3],
+                  shadow_accepted={"rejection": [1, 0, 2], "mars(theta=0.9)": [2, 1, 2]})  # fmt: skip
+    write_run(tmp_path / "run", [record(0, "baseline", 10, 2.0, 9), mars])
+    return gather([tmp_path])
+
+
+def test_alpha_per_depth_divides_accepted_by_reached(tmp_path):
+    alpha = alpha_per_depth(acceptance_rows(tmp_path))
+    assert alpha["alpha"].tolist() == pytest.approx([1.0, 2 / 3, 0.0])
+    assert alpha["depth"].tolist() == [1, 2, 3]
+
+
+def test_positions_are_binned_by_margin_with_their_outcome(tmp_path):
+    table = positions(acceptance_rows(tmp_path))
+    assert table["outcome"].tolist() == ["strict accept", "relaxed accept", "rejected", "strict accept", "relaxed accept",
+                                         "rejected"]  # fmt: skip
+    binned = acceptance_by_margin(table).set_index("bin_low")
+    assert binned.loc[-np.inf, "positions"] == 1 and binned.loc[-np.inf, "acceptance_rate"] == 0  # 0.2
+    assert binned.loc[0.5, "acceptance_rate"] == 1  # 0.5 (bins include their left edge)
+    assert binned.loc[0.9, "positions"] == 1 and binned.loc[0.94, "positions"] == 1 and binned.loc[0.98, "positions"] == 1
+    assert binned["positions"].sum() == 5  # the position without a finite margin is left out
+
+
+def test_outcome_codes_match_the_verifier_reasons():
+    assert OUTCOMES == {Reason.EXACT: "strict accept", Reason.SAMPLED: "strict accept", Reason.RELAXED: "relaxed accept",
+                        Reason.REJECTED: "rejected"}  # fmt: skip
+
+
+def test_the_shadow_table_reports_acceptance_on_identical_drafts(tmp_path):
+    row = shadow_table(acceptance_rows(tmp_path)).iloc[0]
+    assert row["live"] == pytest.approx(5 / 9)
+    assert row["rejection"] == pytest.approx(3 / 9) and row["mars(theta=0.9)"] == pytest.approx(5 / 9)
+
+
+def test_the_pareto_front_keeps_only_unbeaten_points():
+    points = pd.DataFrame({"speedup": [1.0, 1.5, 1.2, 2.0, 1.9], "score": [0.9, 0.8, 0.7, 0.5, 0.5]})
+    assert pareto_front(points).index.tolist() == [0, 1, 3]
+
+
+def test_the_bootstrap_cis_cover_the_true_value_at_about_95_percent():
+    rng = np.random.default_rng(1)
+    mean_hits = ratio_hits = 0
+    repeats = 300
+    for seed in range(repeats):
+        differences = rng.normal(0.3, 1.0, size=40)
+        low, high = bootstrap_mean_ci(differences, resamples=1000, seed=seed)
+        mean_hits += low <= 0.3 <= high
+        tokens = rng.integers(100, 300, size=30)
+        base_seconds = tokens / 4.0 * rng.lognormal(0, 0.3, size=30)
+        method_seconds = tokens / 8.0 * rng.lognormal(0, 0.3, size=30)  # the same noise law: true ratio exactly 2
+        low, high = bootstrap_ratio_ci(tokens, method_seconds, tokens, base_seconds, resamples=1000, seed=seed)
+        ratio_hits += low <= 2.0 <= high
+    assert 0.90 <= mean_hits / repeats <= 0.99
+    assert 0.90 <= ratio_hits / repeats <= 0.99
+
+
+def test_the_paired_test_holds_its_level_under_the_null():
+    rng = np.random.default_rng(2)
+    p_values = [paired_permutation_p(rng.normal(0, 1, size=12)) for _ in range(400)]
+    assert np.mean(np.array(p_values) < 0.05) <= 0.07
+    assert paired_permutation_p(np.ones(20)) < 1e-3  # Monte Carlo path: every sign agrees
+
+
+def test_the_command_writes_every_table_figure_and_an_index(tmp_path):
+    frame_dir = tmp_path / "sweep"
+    scored_sweep(frame_dir)
     out = tmp_path / "out"
-    assert main([str(sweep), "--out", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"records.parquet", "table1.md", "table1.tex", "index.md"}
-    assert len(pd.read_parquet(out / "records.parquet")) == 7
+    assert main([str(frame_dir), "--out", str(out)]) == 0
+    made = {p.name for p in out.iterdir()}
+    assert {"records.parquet", "table1.md", "table1.tex", "quality.md", "settings.csv", "threshold_ablation.png",
+            "pareto.png", "index.md"} <= made  # fmt: skip
+    index = (out / "index.md").read_text()
+    for name in made - {"index.md"}:
+        assert f"({name})" in index, name
+    assert len(pd.read_parquet(out / "records.parquet")) == 36
+
+
+def test_a_partial_sweep_makes_what_it_can_and_says_what_is_missing(tmp_path, capsys):
+    method_only = record(0, "mars", 10, 1.0, 3, drafted=5, accepted=2, margins=[0.9], reasons=[0],
+                         accepted_per_depth=[1], reached_per_depth=[1])  # fmt: skip
+    write_run(tmp_path / "half", [method_only])
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "half"), "--out", str(out)]) == 0
+    index = (out / "index.md").read_text()
+    assert "every speed table and figure: skipped, no run folder has both baseline and method rows" in index
+    assert "quality: skipped, no finished rows carry a score" in index
+    assert "(alpha_per_depth.png)" in index  # what needs no baseline is still made
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
@@ -66,14 +213,11 @@ def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
         gather([tmp_path])
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "analysis: error: folder" in capsys.readouterr().err
-
-
-def test_a_sweep_without_baselines_says_so(tmp_path):
-    write_run(tmp_path / "half", [record(0, "mars", 10, 1.0, 3)])
-    with pytest.raises(ValueError, match="no run has both baseline and method rows"):
-        table1(gather([tmp_path]))
+    write_run(tmp_path / "failed", [record(0, "mars", 0, 0.0, 0, status="failed")])
+    with pytest.raises(NotEnoughData, match="no finished method rows"):
+        method_summary(gather([tmp_path]))
 
 
 def test_analysis_never_imports_torch():
-    code = "import sys, analysis.__main__, analysis.tables; assert 'torch' not in sys.modules"
+    code = "import sys, analysis.__main__; assert 'torch' not in sys.modules, 'torch was imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -75,6 +75,8 @@ def test_the_shipped_groups_cover_the_paper():
         (["temperature=-1"], "temperature=-1.0 is invalid"),
         (["top_p=0"], "top_p=0.0 is invalid"),
         (["model=smollm2-135m"], "drafter=model needs model.draft_model"),
+        (["drafter.length=wild"], "drafter.length='wild' is invalid: allowed are fixed, schedule, confidence"),
+        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are exact, rejection"),
         (["output_dir=/proc/mars_bench_out"], "output folder '/proc/mars_bench_out' cannot be written"),
     ],
 )
@@ -141,12 +143,22 @@ def test_a_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
     assert len(keys) == len(set(keys)) == 8
 
 
-def test_a_multirun_gives_one_cell_per_threshold(tmp_path):
-    result = app("-m", *FAST, "task.num_prompts=1", "verifier.theta=0.5,0.9", f"hydra.sweep.dir={tmp_path}")
+def test_a_multirun_gives_one_cell_per_threshold_sharing_one_baseline(tmp_path):
+    sweep = [f"hydra.sweep.dir={tmp_path}", "baseline_cache=${hydra:sweep.dir}/baselines", "shadow=[rejection]"]
+    result = app("-m", *FAST, "task.num_prompts=1", "verifier.theta=0.5,0.9", *sweep)
     assert result.returncode == 0, result.stderr
-    cells = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    cells = sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name != "baselines")
     assert [c.name for c in cells] == ["0_humaneval_mars_theta0.5_t1.0", "1_humaneval_mars_theta0.9_t1.0"]
+    rows = {}
     for cell, theta in zip(cells, (0.5, 0.9)):
-        rows = list(read_rows(cell / "records.jsonl"))
-        assert {r["method"] for r in rows} == {"baseline", "mars"}
-        assert all(r["theta"] == theta for r in rows)
+        rows[theta] = {r["method"]: r for r in read_rows(cell / "records.jsonl")}
+        assert set(rows[theta]) == {"baseline", "mars"}
+        assert all(r["theta"] == theta for r in rows[theta].values())
+        mars = rows[theta]["mars"]
+        assert list(mars["shadow_accepted"]) == ["rejection"]
+        assert len(mars["shadow_accepted"]["rejection"]) == len(mars["step_accepted"])
+    first, second = rows[0.5]["baseline"], rows[0.9]["baseline"]
+    assert first["baseline_from"] is None  # decoded here ...
+    assert second["baseline_from"] == first["cell"]  # ... and copied, not decoded again, by the second cell
+    assert (second["output_ids"], second["decode_s"]) == (first["output_ids"], first["decode_s"])
+    assert rows[0.9]["mars"]["agreement"] is not None

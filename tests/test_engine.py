@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_model
 
 from mars_bench import build_drafter, decode, get_verifier
+from mars_bench.decoding.draft_length import AcceptanceSchedule, draft_length_policy
 
 PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3], [11]]
 
@@ -109,6 +110,50 @@ def test_mars_relaxes_on_a_real_margin_and_counts_it(target):
     assert relaxed.relaxed > 0
     assert relaxed.relaxed == sum(step.reasons.count(1) for step in relaxed.steps)
     assert relaxed.accepted / relaxed.drafted > strict.accepted / strict.drafted
+
+
+def test_shadow_verifiers_judge_the_same_drafts_without_changing_the_output(target):
+    drafter = build_drafter("model", model=perturbed_copy(target, scale=0.1))
+    relaxed = get_verifier("mars", theta=0.5, guard="gap")
+    for temperature in (0.0, 1.0):
+        kwargs = dict(max_new_tokens=60, gamma=4, temperature=temperature, seed=2)
+        alone = decode(target, drafter, "rejection", PROMPTS[0], **kwargs)
+        watched = decode(target, drafter, "rejection", PROMPTS[0], shadow=["rejection", relaxed, "exact"], **kwargs)
+        assert watched.tokens == alone.tokens
+        assert [s.accepted for s in watched.steps] == [s.accepted for s in alone.steps]
+        twin, mars, exact = watched.shadow_accepted(3)
+        assert len(mars) == len(watched.steps)
+        if temperature == 0.0:  # deterministic rules: the twin agrees step for step, mars keeps at least as many
+            assert twin == [s.accepted for s in watched.steps] == exact
+            assert all(m >= a for m, a in zip(mars, exact)) and sum(mars) > sum(exact)
+        assert all(0 <= kept <= s.drafted for kept, s in zip(mars, watched.steps))
+
+
+def test_adaptive_draft_lengths_stay_lossless_and_vary_the_drafts(target):
+    reference = decode(target, None, None, PROMPTS[1], max_new_tokens=40)
+    close = perturbed_copy(target, scale=0.1)
+    confident = build_drafter("model", model=close, min_confidence=0.1)
+    for drafter, policy in ((build_drafter("model", model=close), AcceptanceSchedule(3, maximum=6)), (confident, None)):
+        result = decode(target, drafter, "exact", PROMPTS[1], max_new_tokens=40, gamma=6, draft_length=policy)
+        assert result.tokens == reference.tokens
+        assert len({step.drafted for step in result.steps[:-1]}) > 1  # the length changed from step to step
+
+
+def test_the_acceptance_schedule_grows_on_full_acceptance_and_shrinks_on_a_reject():
+    schedule = AcceptanceSchedule(3, minimum=1, maximum=4)
+    lengths = []
+    for drafted, accepted in ((3, 3), (4, 4), (4, 4), (4, 1), (3, 0), (2, 0), (1, 0), (0, 0)):
+        schedule.observe(drafted, accepted)
+        lengths.append(schedule.next())
+    assert lengths == [4, 4, 4, 3, 2, 1, 1, 1]
+    with pytest.raises(ValueError, match="drafter.length='wild' is invalid: allowed are fixed, schedule, confidence"):
+        draft_length_policy("wild", 5)
+    with pytest.raises(ValueError, match="min_confidence=1.5 is invalid"):
+        build_drafter("model", model=target_stub(), min_confidence=1.5)
+
+
+def target_stub():
+    return tiny_model("llama", seed=7, layers=1)
 
 
 def test_step_records_carry_counters_and_phase_times(target):

@@ -72,6 +72,14 @@ def test_code_is_taken_from_the_last_fenced_block_that_defines_a_function():
     assert extract_code("def g():\n    pass") == "def g():\n    pass"
 
 
+def test_a_block_cut_off_by_the_budget_keeps_its_complete_lines():
+    cut = "```python\ndef f(x):\n    return x\n\nprint(f(\"never closed"
+    assert extract_code(cut) == "def f(x):\n    return x\n\n"
+    problem = humaneval_problems()[0]
+    truncated = "```python\n" + problem["prompt"] + problem["canonical_solution"] + "\n# Check\nassert has_close_elements([1.0], "
+    assert humaneval_score(truncated, Question(0, ["q"])) == 1.0
+
+
 def test_humaneval_scores_by_running_the_tests_in_the_sandbox():
     problem = humaneval_problems()[0]
     good = "```python\n" + problem["prompt"] + problem["canonical_solution"] + "```"

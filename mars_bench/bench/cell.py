@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from mars_bench.bench.baseline_cache import BaselineCache, baseline_key
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.records import Record, RecordWriter, finite_or_none
-from mars_bench.config import check_run_config, verifier_params
+from mars_bench.config import check_run_config, shadow_verifiers, verifier_params
 from mars_bench.decoding import DecodeResult, decode
+from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.drafting import drafter_for
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
@@ -67,6 +69,7 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
         "seed": cfg.seed,
         "max_new_tokens": cfg.max_new_tokens,
         "dtype": model.dtype,
+        "draft_length": cfg.drafter.length,
     }
 
 
@@ -108,6 +111,8 @@ class Cell:
         self.scorer = self.build_scorer()
         self.theta = getattr(verifier, "theta", 0.9)
         self.guard = getattr(verifier, "guard", "never")
+        self.shadows = shadow_verifiers(cfg)
+        self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
 
     def build_scorer(self) -> Any:
         task, model = self.cfg.task, self.cfg.model
@@ -125,6 +130,7 @@ class Cell:
             layers=d.layers,
             max_ngram=d.max_ngram,
             min_ngram=d.min_ngram,
+            min_confidence=d.min_confidence if d.length == "confidence" else None,
         )
 
     def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
@@ -141,6 +147,8 @@ class Cell:
             top_k=cfg.top_k,
             stop_token_ids=self.stops,
             seed=seed,
+            shadow=list(self.shadows.values()) if method.verifier is not None else (),
+            draft_length=draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma),
         )
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -206,18 +214,34 @@ class Cell:
                 answer = row["output_text"]
             else:
                 try:
-                    prompt = self.prompt_ids(messages)
-                    result = self.decode(method, prompt, seed=self.cfg.seed * 1_000_003 + index * 101 + turn)
-                    answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-                    record = self.record(question, turn, method, prompt, result, answer)
-                    if self.scorer is not None:
-                        record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
+                    record = self.decode_turn(index, question, turn, method, messages, answers)
+                    answer = record.output_text
                 except Exception as error:  # out of memory, a scorer or template bug: record it, go on
                     yield failure_record(self.cfg, self.name, error, question, turn, method.label)
                     return
                 yield record
             messages.append({"role": "assistant", "content": answer})
             answers.append(answer)
+
+    def decode_turn(
+        self, index: int, question: Question, turn: int, method: Method, messages: list[dict[str, str]], answers: list[str]
+    ) -> Record:
+        """Decode and score one turn, or copy the baseline row another cell of the sweep decoded."""
+        prompt = self.prompt_ids(messages)
+        seed = self.cfg.seed * 1_000_003 + index * 101 + turn
+        shared = method.verifier is None and self.baselines is not None
+        key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
+        if shared and (row := self.baselines.get(key)) is not None:
+            keys = cell_keys(self.cfg, self.name, self.methods[1].verifier)
+            return Record(**{**row, **keys, "baseline_from": row["baseline_from"] or row["cell"]})
+        result = self.decode(method, prompt, seed=seed)
+        answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        record = self.record(question, turn, method, prompt, result, answer)
+        if self.scorer is not None:
+            record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
+        if shared:
+            self.baselines.put(key, asdict(record))
+        return record
 
     def record(
         self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, answer: str
@@ -246,6 +270,7 @@ class Cell:
             accepted_per_depth=accepted,
             reached_per_depth=reached,
             step_accepted=[step.accepted for step in result.steps],
+            shadow_accepted=dict(zip(self.shadows, result.shadow_accepted(len(self.shadows)))) if is_method else {},
             trigger_count=int(triggered.sum()) if is_method else 0,
             verified_positions=int(z1.numel()),
             nonpositive_top1=int((z1 <= 0).sum()),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: shadow_accepted, baseline_from, draft_length
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Record:
     target: str
     draft_model: str | None
     drafter: str
-    gamma: int
+    gamma: int  # drafts per step (the starting value under an adaptive draft length)
     verifier: str
     theta: float | None
     guard: str | None
@@ -58,6 +58,7 @@ class Record:
     accepted_per_depth: list[int] = field(default_factory=list)
     reached_per_depth: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)
+    shadow_accepted: dict[str, list[int]] = field(default_factory=dict)  # shadow verifier -> drafts kept per drafting step
     trigger_count: int = 0  # verified positions whose margin passes the cell's theta and guard
     verified_positions: int = 0
     nonpositive_top1: int = 0  # verified positions with z1 <= 0
@@ -77,6 +78,8 @@ class Record:
     first_divergence: int | None = None  # first position differing from the baseline; None if identical
     baseline_rouge_l: float | None = None  # ROUGE-L F of this answer against the baseline's answer
     score: float | None = None
+    baseline_from: str | None = None  # baseline rows reused from another cell: the cell that decoded them
+    draft_length: str = "fixed"  # the draft-length policy: fixed | schedule | confidence
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -102,22 +105,24 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
+def drop_partial_tail(path: Path) -> None:
+    """Cut a partial last line (left by a process killed mid-write) off a JSON Lines file."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
 class RecordWriter:
     """Append-only JSON Lines writer that knows which rows exist already."""
 
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / RECORDS_FILE
-        self._drop_partial_tail()
+        drop_partial_tail(self.path)
         self.rows: dict[tuple[str, int, str], dict[str, Any]] = {row_key(row): row for row in read_rows(self.path)}
-
-    def _drop_partial_tail(self) -> None:
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            return
-        data = self.path.read_bytes()
-        if not data.endswith(b"\n"):
-            with self.path.open("r+b") as handle:
-                handle.truncate(data.rfind(b"\n") + 1)
 
     def has(self, key: tuple[str, int, str]) -> bool:
         return key in self.rows

@@ -7,13 +7,14 @@ cache type, same token choice, same stop handling.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+from mars_bench.decoding.draft_length import DraftLength, FixedLength
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter, empty_draft
 from mars_bench.kvcache import cached_logits, crop_to
@@ -81,12 +82,19 @@ def decode(
     stop_token_ids: Iterable[int] = (),
     seed: int | None = 0,
     generator: torch.Generator | None = None,
+    shadow: Sequence[Verifier | str] = (),
+    draft_length: DraftLength | None = None,
 ) -> DecodeResult:
     """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None).
 
     target: a transformers causal LM. drafter: a Drafter or None. verifier: a Verifier or a
     registered name (ignored without a drafter). prompt_ids: the prompt token ids.
     Sampling uses ``generator`` or a fresh one seeded with ``seed`` on the target's device.
+    shadow: verifiers that judge every step's drafts and logits beside the live one without
+    changing the output; each step records how many drafts each would have kept. They draw
+    from their own generator, so the live random stream (and the output) is the same with
+    and without them.
+    draft_length: the policy that sets each step's number of drafts (default: always ``gamma``).
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
@@ -101,15 +109,21 @@ def decode(
     if generator is None:
         generator = torch.Generator(device=device)
         generator.manual_seed(0 if seed is None else seed)
-    return _Run(target, drafter, verifier, sampling, settings, generator, device).run(prompt)
+    shadow_generator = torch.Generator(device=device)
+    shadow_generator.manual_seed((0 if seed is None else seed) + 1)
+    shadows = (tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow), shadow_generator)
+    length = draft_length or FixedLength(settings.gamma)
+    return _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length).run(prompt)
 
 
 class _Run:
     """State of one sequence being decoded."""
 
-    def __init__(self, target, drafter, verifier, sampling, settings, generator, device) -> None:
+    def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length) -> None:
         self.target, self.drafter, self.verifier = target, drafter, verifier
         self.sampling, self.settings, self.generator, self.device = sampling, settings, generator, device
+        self.shadow, self.shadow_generator = shadows
+        self.draft_length: DraftLength = draft_length
         self.cache = DynamicCache(config=target.config)
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -139,7 +153,7 @@ class _Run:
 
     def step(self, context: torch.Tensor, budget: int, clock: Clock) -> tuple[StepRecord, list[int]]:
         """One step: returns its record (times filled but bookkeeping) and the tokens it emits."""
-        max_drafts = min(self.settings.gamma, budget - 1)
+        max_drafts = min(self.draft_length.next(), budget - 1)
         if self.drafter is not None and max_drafts > 0:
             draft = self.drafter.propose(context, max_drafts, self.sampling, self.generator)
         else:
@@ -153,19 +167,20 @@ class _Run:
             next_token = int(choose_tokens(logits[-1:], self.sampling, self.generator)[0])
             record = StepRecord(0, 0, 0, next_token, 0, draft_s=draft_s, target_s=target_s, verify_s=clock.lap())
             return record, [next_token]
-        verdict = self.verifier.verify(
-            VerifyInput(
-                draft_tokens=draft.tokens,
-                parents=chain_parents(len(draft_tokens)),
-                target_logits=logits,
-                sampling=self.sampling,
-                draft_probs=draft.probs,
-                draft_dists=draft.dists,
-            ),
-            generator=self.generator,
+        step_input = VerifyInput(
+            draft_tokens=draft.tokens,
+            parents=chain_parents(len(draft_tokens)),
+            target_logits=logits,
+            sampling=self.sampling,
+            draft_probs=draft.probs,
+            draft_dists=draft.dists,
         )
+        verdict = self.verifier.verify(step_input, generator=self.generator)
         verify_s = clock.lap()
+        shadow_accepted = [shadow.verify(step_input, generator=self.shadow_generator).accepted_len for shadow in self.shadow]
+        clock.lap()  # shadow verifiers are left out of the method's time
         accepted = verdict.accepted_len
+        self.draft_length.observe(len(draft_tokens), accepted)
         crop_to(self.cache, len(context) + accepted)  # the root and the kept drafts stay cached
         self.drafter.accept(accepted)
         decisions = verdict.decisions
@@ -179,6 +194,7 @@ class _Run:
             margins=decisions.margin.tolist(),
             top1_logits=decisions.top1_logit.tolist(),
             top2_logits=decisions.top2_logit.tolist(),
+            shadow_accepted=shadow_accepted,
             draft_s=draft_s,
             target_s=target_s,
             verify_s=verify_s,

@@ -18,6 +18,7 @@ class StepRecord:
     margins: list[float] = field(default_factory=list)  # z2 / z1 per visited depth
     top1_logits: list[float] = field(default_factory=list)  # largest target logit per visited depth
     top2_logits: list[float] = field(default_factory=list)  # runner-up logit per visited depth
+    shadow_accepted: list[int] = field(default_factory=list)  # drafts each shadow verifier would keep, in order
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
@@ -72,6 +73,11 @@ class DecodeResult:
                 reached[d] += 1
                 accepted[d] += d < step.accepted
         return accepted, reached
+
+    def shadow_accepted(self, count: int) -> list[list[int]]:
+        """Per shadow verifier (``count`` of them, in order): drafts it would keep at each step
+        (0 at a step with no drafts), aligned with the steps' ``accepted``."""
+        return [[step.shadow_accepted[index] if step.drafted else 0 for step in self.steps] for index in range(count)]
 
     def phase_seconds(self) -> dict[str, float]:
         return {

@@ -39,10 +39,12 @@ def truncated_model(target: Any, num_layers: int) -> Any:
 
 
 @register_drafter("layerskip")
-def layerskip_drafter(target: Any, layers: int | None = None, **_: object) -> ModelDrafter:
+def layerskip_drafter(
+    target: Any, layers: int | None = None, min_confidence: float | None = None, **_: object
+) -> ModelDrafter:
     """Default depth: a quarter of the target's layers (at least 1)."""
     if layers is None:
         layers = max(1, target.config.num_hidden_layers // 4)
-    drafter = ModelDrafter(truncated_model(target, layers), vocab_size=target.config.vocab_size)
+    drafter = ModelDrafter(truncated_model(target, layers), vocab_size=target.config.vocab_size, min_confidence=min_confidence)
     drafter.name = "layerskip"
     return drafter

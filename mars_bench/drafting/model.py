@@ -18,13 +18,18 @@ class ModelDrafter(Drafter):
     The cache holds the committed context plus the drafter's own unverified drafts; after a
     verdict it is cropped back to the tokens that were kept, so no token is fed twice.
     ``vocab_size``: the target's logits width; drafter distributions are padded or cut to it.
+    ``min_confidence``: stop drafting after a token whose draft probability q is below it
+    (None: always draft ``max_drafts``). Costs one host sync per drafted token.
     """
 
     name = "model"
 
-    def __init__(self, model: Any, vocab_size: int | None = None) -> None:
+    def __init__(self, model: Any, vocab_size: int | None = None, min_confidence: float | None = None) -> None:
+        if min_confidence is not None and not 0 < min_confidence < 1:
+            raise ValueError(f"drafter.min_confidence={min_confidence} is invalid: allowed is a number in (0, 1) or null")
         self.model = model
         self.vocab_size = vocab_size
+        self.min_confidence = min_confidence
         self.cache: DynamicCache | None = None
         self.cached_valid = 0  # leading cache positions that hold committed tokens
         self.cached_total = 0
@@ -79,8 +84,10 @@ class ModelDrafter(Drafter):
             if not sampling.greedy:
                 dists.append(probs)
             feed = token
+            if self.min_confidence is not None and float(token_probs[-1]) < self.min_confidence:
+                break
         self.last_context_len = int(context.shape[0])
-        self.last_drafted = max_drafts
+        self.last_drafted = len(tokens)
         return Draft(
             tokens=torch.cat(tokens),
             probs=torch.cat(token_probs),
@@ -93,7 +100,9 @@ class ModelDrafter(Drafter):
 
 
 @register_drafter("model")
-def model_drafter(model: Any = None, vocab_size: int | None = None, **_: object) -> ModelDrafter:
+def model_drafter(
+    model: Any = None, vocab_size: int | None = None, min_confidence: float | None = None, **_: object
+) -> ModelDrafter:
     if model is None:
         raise ValueError("drafter 'model' needs a separate draft model: allowed drafters without one are layerskip and lookup")
-    return ModelDrafter(model, vocab_size)
+    return ModelDrafter(model, vocab_size, min_confidence)

@@ -5,6 +5,7 @@ Code runs only in the sandbox (``tasks.sandbox``), never in this process.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from functools import lru_cache
@@ -82,12 +83,26 @@ def aime_score(answer: str, question: Question, **context: object) -> float | No
 
 
 def extract_code(answer: str) -> str:
-    """The last fenced Python block that defines a function, else the last fenced block, else the text."""
-    blocks = re.findall(r"```(?:python|py|Python)?[^\n]*\n(.*?)```", answer, flags=re.S)
+    """The last fenced Python block that defines a function, else the last fenced block, else the
+    text; a block cut off by the token budget (no closing fence) counts, trimmed to the longest
+    run of whole lines that parses (an answer stopped mid-way through its own example call
+    should not fail a complete function above it)."""
+    blocks = re.findall(r"```(?:python|py|Python)?[^\n]*\n(.*?)(?:```|\Z)", answer, flags=re.S)
     with_def = [block for block in blocks if "def " in block]
-    if with_def:
-        return with_def[-1]
-    return blocks[-1] if blocks else answer
+    code = with_def[-1] if with_def else blocks[-1] if blocks else answer
+    return parsable_prefix(code)
+
+
+def parsable_prefix(code: str) -> str:
+    """``code`` if it parses, else its longest prefix of whole lines that does (``code`` if none)."""
+    lines = code.splitlines(keepends=True)
+    for end in range(len(lines), 0, -1):
+        try:
+            ast.parse("".join(lines[:end]))  # parsing only: the code never runs in this process
+        except SyntaxError:
+            continue
+        return "".join(lines[:end])
+    return code
 
 
 @lru_cache(maxsize=1)

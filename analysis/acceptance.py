@@ -1,0 +1,80 @@
+"""Acceptance analytics from the per-position fields of method rows: alpha per draft depth,
+the margin statistic (z2 / z1) at strict accepts, relaxed accepts and rejections, acceptance
+by margin bin, and the shadow verifiers' acceptance on the live verifier's own drafts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.cells import NotEnoughData, method_rows
+
+KEYS = ["model", "drafter", "task", "temperature", "label"]
+# the record's reason codes (mars_bench.verification.Reason, not imported: it would pull in torch)
+OUTCOMES = {0: "strict accept", 2: "strict accept", 1: "relaxed accept", 3: "rejected"}
+MARGIN_BINS = np.array([-np.inf, 0.5, 0.6, 0.7, 0.75, 0.8, 0.84, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0, np.inf])
+
+
+def alpha_per_depth(frame: pd.DataFrame) -> pd.DataFrame:
+    """alpha_d = accepted at depth d / drafts that reached depth d (depth 1 = first draft)."""
+    out = []
+    for key, rows in method_rows(frame).groupby(KEYS, sort=True):
+        width = max(len(r) for r in rows["reached_per_depth"])
+        if not width:
+            continue
+        accepted, reached = np.zeros(width), np.zeros(width)
+        for acc, rea in zip(rows["accepted_per_depth"], rows["reached_per_depth"]):
+            accepted[: len(acc)] += acc
+            reached[: len(rea)] += rea
+        for depth in range(width):
+            alpha = accepted[depth] / reached[depth] if reached[depth] else np.nan
+            out.append({**dict(zip(KEYS, key)), "depth": depth + 1, "reached": int(reached[depth]), "alpha": alpha})
+    if not out:
+        raise NotEnoughData("no method row has drafts")
+    return pd.DataFrame(out)
+
+
+def positions(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per verified position: its margin z2 / z1 and its outcome."""
+    out = []
+    for key, rows in method_rows(frame).groupby(KEYS, sort=True):
+        margins = [m for row in rows["margins"] for m in row]
+        reasons = [r for row in rows["reasons"] for r in row]
+        out.append(pd.DataFrame({**dict(zip(KEYS, key)), "margin": margins, "reason": reasons}))
+    table = pd.concat(out, ignore_index=True)
+    if table.empty:
+        raise NotEnoughData("no verified positions in the method rows")
+    table["margin"] = pd.to_numeric(table["margin"])  # None (z1 not finite) becomes NaN
+    table["outcome"] = table["reason"].map(OUTCOMES)
+    return table
+
+
+def acceptance_by_margin(table: pd.DataFrame) -> pd.DataFrame:
+    """Acceptance rate of verified positions per margin bin (bins marked by their edges)."""
+    table = table.dropna(subset=["margin"]).copy()
+    table["bin"] = pd.cut(table["margin"], MARGIN_BINS, right=False)
+    table["accepted"] = table["outcome"] != "rejected"
+    grouped = table.groupby([*KEYS, "bin"], observed=True)["accepted"]
+    out = grouped.agg(positions="size", acceptance_rate="mean").reset_index()
+    out["bin_low"] = [interval.left for interval in out["bin"]]
+    out["bin_high"] = [interval.right for interval in out["bin"]]
+    return out.drop(columns="bin")
+
+
+def shadow_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Acceptance rate (kept drafts / drafts) of the live verifier and of every shadow verifier,
+    on the identical drafts and logits of each setting."""
+    rows = method_rows(frame)
+    if "shadow_accepted" not in rows or not rows["shadow_accepted"].map(lambda s: isinstance(s, dict) and bool(s)).any():
+        raise NotEnoughData("no method row carries shadow verifiers (run with shadow=[rejection,mars])")
+    out = []
+    for key, group in rows.groupby(KEYS, sort=True):
+        drafted = group["drafted"].sum()
+        entry = {**dict(zip(KEYS, key)), "prompts": len(group), "drafted": int(drafted),
+                 "live": group["accepted"].sum() / drafted if drafted else np.nan}  # fmt: skip
+        for shadows in group["shadow_accepted"]:
+            for name, kept in (shadows or {}).items():
+                entry[name] = entry.get(name, 0) + sum(kept)
+        out.append({k: (v / drafted if k not in (*KEYS, "prompts", "drafted", "live") and drafted else v)
+                    for k, v in entry.items()})  # fmt: skip
+    return pd.DataFrame(out)

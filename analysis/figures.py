@@ -1,0 +1,194 @@
+"""Figures (PNG, matplotlib's Agg backend): the threshold ablation, the speed-quality Pareto
+front, alpha per depth, margin histograms by outcome and acceptance by margin bin.
+
+Every figure takes the tidy tables of cells.py / acceptance.py, never raw records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis.cells import NotEnoughData  # noqa: E402
+
+DPI = 130
+DRAFTERS = {"model": "separate draft model", "layerskip": "layer-skip", "lookup": "prompt lookup"}
+
+
+def _save(figure, path: Path) -> Path:
+    figure.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
+def _title(summary: pd.DataFrame) -> str:
+    drafters = [DRAFTERS.get(name, name) for name in sorted(map(str, summary["drafter"].unique()))]
+    parts = [f"target {', '.join(sorted(map(str, summary['model'].unique())))}",
+             f"drafter: {', '.join(drafters)}",
+             f"T = {', '.join(f'{t:g}' for t in sorted(summary['temperature'].unique()))}"]  # fmt: skip
+    return " | ".join(parts)
+
+
+def _error_bars(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray | None:
+    if low.isna().all():
+        return None
+    return np.vstack([(values - low).clip(lower=0).fillna(0), (high - values).clip(lower=0).fillna(0)])
+
+
+def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
+    """Speedup, tau, score and trigger rate against theta (shared x axis), one line per task;
+    the strict verifier (rejection) of each task as a dashed line of the same colour."""
+    mars = summary[(summary["verifier"] == "mars") & summary["theta"].notna()]
+    if mars["theta"].nunique() < 2:
+        raise NotEnoughData("the threshold ablation needs mars cells at two or more theta values")
+    strict = summary[summary["verifier"].isin(["rejection", "exact"])]
+    panels = [
+        ("speedup", "speedup over AR baseline (x)", True),
+        ("tau", "tau (tokens per target forward)", False),
+        ("score", "task score (mean)", True),
+        ("trigger_rate", "trigger rate (share of verified positions)", False),
+    ]
+    figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(6.4, 9.5), layout="constrained")
+    for color, (task, rows) in zip(plt.cm.tab10.colors, mars.groupby("task", sort=True)):
+        rows = rows.sort_values("theta")
+        for axis, (metric, _label, with_ci) in zip(axes, panels):
+            errors = _error_bars(rows[metric], rows[f"{metric}_ci_low"], rows[f"{metric}_ci_high"]) if with_ci else None
+            axis.errorbar(rows["theta"], rows[metric], yerr=errors, marker="o", capsize=3, color=color, label=f"mars, {task}")
+            reference = strict[(strict["task"] == task)]
+            if len(reference) and metric != "trigger_rate":
+                axis.axhline(reference[metric].iloc[0], color=color, linestyle="--", linewidth=1,
+                             label=f"{reference['verifier'].iloc[0]} (strict), {task}")  # fmt: skip
+    for axis, (_metric, label, _ci) in zip(axes, panels):
+        axis.set_ylabel(label, fontsize=8)
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2, loc="best")
+    axes[-1].set_xlabel("theta (MARS accepts the drafted runner-up when z2 / z1 > theta)")
+    axes[-1].set_xticks(sorted(mars["theta"].unique()))
+    prompts = int(mars["prompts"].max())
+    figure.suptitle(f"Threshold ablation ({prompts} prompts per task; bars: bootstrap 95% CI)\n{_title(mars)}", fontsize=9)
+    return _save(figure, path)
+
+
+def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
+    """The points no other point beats on both speedup and score (higher is better on both)."""
+    front = []
+    for index, row in points.iterrows():
+        beaten = ((points["speedup"] >= row["speedup"]) & (points["score"] >= row["score"])
+                  & ((points["speedup"] > row["speedup"]) | (points["score"] > row["score"])))  # fmt: skip
+        if not beaten.any():
+            front.append(index)
+    return points.loc[front].sort_values("speedup")
+
+
+def pareto(summary: pd.DataFrame, path: Path) -> Path:
+    """Score against speedup for every verifier and theta, one panel per task; the front joined."""
+    scored = summary.dropna(subset=["score", "speedup"])
+    if scored.empty:
+        raise NotEnoughData("the Pareto front needs settings with both a speedup and a score")
+    tasks = sorted(scored["task"].unique())
+    figure, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.4), squeeze=False, layout="constrained")
+    for axis, task in zip(axes[0], tasks):
+        rows = scored[scored["task"] == task]
+        for _, row in rows.iterrows():
+            marker = "s" if row["verifier"] != "mars" else "o"
+            axis.errorbar(row["speedup"], row["score"], marker=marker, color="tab:blue" if marker == "o" else "tab:red",
+                          xerr=[[row["speedup"] - row["speedup_ci_low"]], [row["speedup_ci_high"] - row["speedup"]]],
+                          yerr=[[row["score"] - row["score_ci_low"]], [row["score_ci_high"] - row["score"]]],
+                          alpha=0.5, capsize=2)  # fmt: skip
+            axis.annotate(row["label"].replace("mars (theta ", "θ=").rstrip(")"), (row["speedup"], row["score"]),
+                          fontsize=7, xytext=(4, 4), textcoords="offset points")  # fmt: skip
+        front = pareto_front(rows)
+        axis.plot(front["speedup"], front["score"], color="black", linewidth=1, label="Pareto front")
+        axis.set_title(task)
+        axis.set_xlabel("speedup over AR baseline (x)")
+        axis.set_ylabel("task score (mean)")
+        axis.grid(alpha=0.3)
+        axis.plot([], [], "o", color="tab:blue", label="mars at theta")
+        axis.plot([], [], "s", color="tab:red", label="other verifiers")
+        axis.legend(fontsize=7)
+    figure.suptitle(f"Speed against quality (bars: bootstrap 95% CI)\n{_title(scored)}", fontsize=9)
+    return _save(figure, path)
+
+
+def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
+    """alpha_d (accepted / reached at draft depth d) per method, one panel per task."""
+    tasks = sorted(alpha["task"].unique())
+    figure, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4), squeeze=False, layout="constrained")
+    for axis, task in zip(axes[0], tasks):
+        for label, rows in alpha[alpha["task"] == task].groupby("label", sort=True):
+            axis.plot(rows["depth"], rows["alpha"], marker="o", label=label)
+        axis.set_title(task)
+        axis.set_xlabel("draft depth d")
+        axis.set_xticks(sorted(alpha["depth"].unique()))
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("alpha_d = accepted / drafts reaching depth d")
+    axes[0][-1].legend(fontsize=7)
+    figure.suptitle(f"Acceptance per draft depth\n{_title(alpha)}", fontsize=9)
+    return _save(figure, path)
+
+
+def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path:
+    """Distribution of z2 / z1 at strict accepts, relaxed accepts and rejections, per method."""
+    labels = sorted(table["label"].unique())
+    columns = min(3, len(labels))
+    rows_count = -(-len(labels) // columns)
+    size = (4.6 * columns, 3.4 * rows_count)
+    figure, axes = plt.subplots(rows_count, columns, figsize=size, squeeze=False, sharex=True, layout="constrained")
+    bins = np.linspace(low, 1.0, 26)
+    colors = {"strict accept": "tab:green", "relaxed accept": "tab:orange", "rejected": "tab:red"}
+    for axis, label in zip(axes.flat, labels):
+        rows = table[(table["label"] == label)].dropna(subset=["margin"])
+        for outcome, color in colors.items():
+            margins = rows.loc[rows["outcome"] == outcome, "margin"].clip(low, 1.0)
+            if len(margins):
+                axis.hist(margins, bins=bins, histtype="step", linewidth=1.5, color=color, label=f"{outcome} (n={len(margins)})")
+        theta = label.split("theta ")[-1].rstrip(")") if "theta" in label else None
+        if theta:
+            axis.axvline(float(theta), color="black", linestyle=":", linewidth=1, label=f"theta {theta}")
+        axis.set_yscale("log")
+        axis.set_title(label, fontsize=9)
+        axis.legend(fontsize=6)
+        axis.grid(alpha=0.3)
+    for axis in axes.flat[len(labels):]:
+        axis.set_visible(False)
+    for axis in axes[-1]:
+        axis.set_xlabel(f"margin z2 / z1 (values below {low} drawn at {low})")
+    for axis in axes[:, 0]:
+        axis.set_ylabel("verified positions (log)")
+    figure.suptitle(f"Margin statistic by verification outcome, all tasks pooled\n{_title(table)}", fontsize=9)
+    return _save(figure, path)
+
+
+def acceptance_by_margin_plot(binned: pd.DataFrame, path: Path) -> Path:
+    """Acceptance rate of verified positions per margin bin, per method (tasks pooled), with counts."""
+    pooled = binned.assign(accepted=binned["positions"] * binned["acceptance_rate"])
+    pooled = pooled.groupby(["label", "bin_low", "bin_high"], as_index=False)[["positions", "accepted"]].sum()
+    pooled["acceptance_rate"] = pooled["accepted"] / pooled["positions"]
+    figure, (rate_axis, count_axis) = plt.subplots(
+        2, 1, sharex=True, figsize=(7, 6.5), height_ratios=[2, 1], layout="constrained"
+    )
+    edges = sorted(set(pooled["bin_low"]) | set(pooled["bin_high"]))
+    finite = [e for e in edges if np.isfinite(e)]
+    order = {edge: i for i, edge in enumerate(sorted(set(pooled["bin_low"])))}
+    names = [f"<{finite[0]:g}" if not np.isfinite(low) else (f">={low:g}" if not np.isfinite(high) else f"{low:g}-{high:g}")
+             for low, high in sorted(set(zip(pooled["bin_low"], pooled["bin_high"])))]  # fmt: skip
+    for label, rows in pooled.groupby("label", sort=True):
+        x = [order[b] for b in rows["bin_low"]]
+        rate_axis.plot(x, rows["acceptance_rate"], marker="o", label=label)
+        count_axis.plot(x, rows["positions"], marker=".", label=label)
+    rate_axis.set_ylabel("acceptance rate of verified positions")
+    rate_axis.legend(fontsize=7)
+    rate_axis.grid(alpha=0.3)
+    count_axis.set_ylabel("positions in bin (log)")
+    count_axis.set_yscale("log")
+    count_axis.grid(alpha=0.3)
+    count_axis.set_xticks(range(len(names)), names, rotation=45, fontsize=7)
+    count_axis.set_xlabel("margin bin z2 / z1")
+    figure.suptitle(f"Acceptance by margin, all tasks pooled\n{_title(binned)}", fontsize=9)
+    return _save(figure, path)

@@ -1,0 +1,38 @@
+"""perf.json -> the Markdown tables of the README's performance section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    lines = [
+        f"{s['target']} with {s['draft_model']}, {s['dtype']}, {result['prompts']} prompts ({', '.join(s['tasks'])}), "
+        f"{s['max_new_tokens']} new tokens, gamma {s['gamma']} ({s['draft_length']}), {s['repeats']} repeats; "
+        f"assisted generation: {result['assisted_generation']}.",
+        "",
+        "| comparison | ours tok/s | transformers tok/s | ours / transformers: min | median | max | identical outputs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["results"].values():
+        identical = "-" if row["identical"] is None else f"{row['identical']}/{row['runs']}"
+        lines.append(f"| {row['comparison']} | {row['ours_tok_s']:.2f} | {row['peer_tok_s']:.2f} | {row['ratio_min']:.3f}x | "
+                     f"{row['ratio_median']:.3f}x | {row['ratio_max']:.3f}x | {identical} |")  # fmt: skip
+    lines += ["", "Phase profile of our decode time (share of decode seconds):", "",
+              "| ours | draft | target forward | verify | bookkeeping | overhead (verify + bookkeeping) | tau |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in result["results"].values():
+        p = row["phase_share"]
+        lines.append(f"| {row['comparison'].split(' vs ')[0]} | {p['draft']:.1%} | {p['target']:.1%} | {p['verify']:.2%} | "
+                     f"{p['bookkeeping']:.2%} | {row['overhead_share']:.2%} | {row['tau']:.2f} |")  # fmt: skip
+    analytic = result["analytic"]
+    costs = analytic["costs"]
+    forwards = ", ".join(f"{name} {value * 1000:.1f} ms" for name, value in costs.items() if name != "context_tokens")
+    lines += ["", f"Forward costs at a {costs['context_tokens']}-token context (median of 10): {forwards}.", "",
+              "| ours | predicted speedup over our AR baseline | measured (decode only) | measured / predicted |",
+              "|---|---|---|---|"]  # fmt: skip
+    for name, row in analytic["speedup_over_our_baseline"].items():
+        lines.append(f"| {name.split(' vs ')[0]} | {row['predicted']:.2f}x | {row['measured']:.2f}x | "
+                     f"{row['ratio']:.1%} |")  # fmt: skip
+    return "\n".join(lines)

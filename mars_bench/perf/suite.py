@@ -1,0 +1,195 @@
+"""The timed comparisons. Every number comes from wall-clock time around one whole decode
+call (ours or transformers'), in one process, on the same prompts, with the order of the
+two methods alternating per prompt and per repeat."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from mars_bench.config import TaskConfig
+from mars_bench.decoding import decode
+from mars_bench.decoding.draft_length import draft_length_policy
+from mars_bench.decoding.engine import cut_at_stop
+from mars_bench.drafting import drafter_for
+from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.perf.costs import forward_seconds, predicted_speedup
+from mars_bench.perf.peer import assistant_settings, peer_generate, peer_generation_config
+from mars_bench.tasks.providers import load_questions
+
+CONF_TASKS = Path(__file__).resolve().parents[2] / "conf" / "task"
+PHASES = ("draft", "target", "verify", "bookkeeping")
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    target: str
+    draft_model: str
+    dtype: str = "bfloat16"
+    tasks: tuple[str, ...] = ("humaneval", "gsm8k")
+    num_prompts: int = 10
+    max_new_tokens: int = 128
+    repeats: int = 3
+    gamma: int = 5
+    draft_length: str = "fixed"
+    data_dir: str | None = None
+
+    def check(self) -> None:
+        for option, value in (("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens),
+                              ("repeats", self.repeats), ("gamma", self.gamma)):  # fmt: skip
+            if value < 1:
+                raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
+        draft_length_policy(self.draft_length, self.gamma)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    temperature: float
+    verifier: str | None  # ours: None = the autoregressive baseline
+    assisted: bool  # transformers: assisted generation or plain generate
+
+
+COMPARISONS = (
+    Comparison("AR baseline vs generate (greedy)", 0.0, None, False),
+    Comparison("chain exact vs assisted (greedy)", 0.0, "exact", True),
+    Comparison("chain rejection vs assisted sampling (T=1)", 1.0, "rejection", True),
+)
+
+
+def task_prompts(tokenizer: Any, settings: PerfSettings) -> list[list[int]]:
+    prompts = []
+    for task in settings.tasks:
+        option = CONF_TASKS / f"{task}.yaml"
+        if not option.is_file():
+            choices = ", ".join(sorted(p.stem for p in CONF_TASKS.glob("*.yaml")))
+            raise ValueError(f"task {task!r} is unknown: allowed are {choices}")
+        config = OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(option), {"num_prompts": settings.num_prompts})
+        for question in load_questions(config, settings.data_dir):
+            prompts.append(chat_prompt_ids(tokenizer, [question.turns[0]], config.system_prompt))
+    return prompts
+
+
+class Suite:
+    def __init__(self, settings: PerfSettings) -> None:
+        settings.check()
+        self.settings = settings
+        self.target = load_model(settings.target, dtype=settings.dtype)
+        self.draft = load_model(settings.draft_model, dtype=settings.dtype)
+        check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
+        self.stops = stop_token_ids(self.target)
+        self.prompts = task_prompts(self.target.tokenizer, settings)
+        min_confidence = 0.4 if settings.draft_length == "confidence" else None
+        self.drafter = drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence)
+        pad = self.target.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.stops[0]
+
+    def ours(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
+        s = self.settings
+        start = time.perf_counter()
+        result = decode(
+            self.target.model, self.drafter if comparison.verifier else None, comparison.verifier, prompt,
+            max_new_tokens=budget, gamma=s.gamma, temperature=comparison.temperature, stop_token_ids=self.stops, seed=seed,
+            draft_length=draft_length_policy(s.draft_length, s.gamma),
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        return {"tokens": result.tokens, "seconds": wall, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
+                "steps": result.verify_steps, "emitted": result.new_tokens - 1, "drafted": result.drafted,
+                **{f"{phase}_s": value for phase, value in result.phase_seconds().items()}}  # fmt: skip
+
+    def peer(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
+        config = peer_generation_config(budget, comparison.temperature, self.stops, self.pad_id)
+        assistant = self.draft.model if comparison.assisted else None
+        start = time.perf_counter()
+        tokens = peer_generate(self.target.model, prompt, config, assistant, seed=seed)
+        wall = time.perf_counter() - start
+        return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], "seconds": wall}
+
+    def warm_up(self) -> None:
+        for comparison in COMPARISONS:
+            self.ours(comparison, self.prompts[0], 0, 8)
+            self.peer(comparison, self.prompts[0], 0, 8)
+
+    def repeat(self, comparison: Comparison, repeat: int) -> dict[str, Any]:
+        ours, peer = [], []
+        for index, prompt in enumerate(self.prompts):
+            seed = 1000 * repeat + index
+            budget = self.settings.max_new_tokens
+            if (index + repeat) % 2 == 0:
+                ours.append(self.ours(comparison, prompt, seed, budget))
+                peer.append(self.peer(comparison, prompt, seed, budget))
+            else:
+                peer.append(self.peer(comparison, prompt, seed, budget))
+                ours.append(self.ours(comparison, prompt, seed, budget))
+        return {"ours": ours, "peer": peer}
+
+
+def throughput(runs: list[dict[str, Any]], seconds: str = "seconds") -> float:
+    return sum(len(run["tokens"]) for run in runs) / sum(run[seconds] for run in runs)
+
+
+def summarise(comparison: Comparison, repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [throughput(r["ours"]) / throughput(r["peer"]) for r in repeats]
+    ours = [run for r in repeats for run in r["ours"]]
+    identical = sum(a["tokens"] == b["tokens"] for r in repeats for a, b in zip(r["ours"], r["peer"]))
+    decode_s = sum(run["decode_s"] for run in ours)
+    phases = {phase: sum(run[f"{phase}_s"] for run in ours) / decode_s for phase in PHASES}
+    steps = sum(run["steps"] for run in ours)
+    return {
+        "comparison": comparison.name,
+        "ours_tok_s": throughput(ours),
+        "peer_tok_s": throughput([run for r in repeats for run in r["peer"]]),
+        "ratio_min": min(ratios), "ratio_median": statistics.median(ratios), "ratio_max": max(ratios), "ratios": ratios,
+        "identical": identical if comparison.temperature == 0 else None,
+        "runs": len(ours),
+        "phase_share": phases,
+        "overhead_share": phases["verify"] + phases["bookkeeping"],
+        "tau": sum(run["emitted"] for run in ours) / steps,
+        "drafts_per_step": sum(run["drafted"] for run in ours) / steps,
+        "ours_decode_tok_s": sum(run["emitted"] for run in ours) / decode_s,
+    }  # fmt: skip
+
+
+def analytic_model(suite: Suite, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Forward costs at a typical context, and the speedup over our AR baseline they predict."""
+    s = suite.settings
+    context = int(statistics.median(len(p) for p in suite.prompts)) + s.max_new_tokens // 2
+    costs = {
+        "context_tokens": context,
+        "target_1": forward_seconds(suite.target.model, context, 1),
+        f"target_{s.gamma + 1}": forward_seconds(suite.target.model, context, s.gamma + 1),
+        "drafter_1": forward_seconds(suite.draft.model, context, 1),
+    }
+    baseline = results[COMPARISONS[0].name]
+    predictions = {}
+    for comparison in COMPARISONS[1:]:
+        row = results[comparison.name]
+        predicted = predicted_speedup(row["tau"], row["drafts_per_step"], costs["target_1"],
+                                      costs[f"target_{s.gamma + 1}"], costs["drafter_1"])  # fmt: skip
+        measured = row["ours_decode_tok_s"] / baseline["ours_decode_tok_s"]
+        predictions[comparison.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted}
+    return {"costs": costs, "speedup_over_our_baseline": predictions}
+
+
+def run_suite(settings: PerfSettings) -> dict[str, Any]:
+    suite = Suite(settings)
+    suite.warm_up()
+    raw: dict[str, list[dict[str, Any]]] = {c.name: [] for c in COMPARISONS}
+    for repeat in range(settings.repeats):
+        for comparison in COMPARISONS:
+            raw[comparison.name].append(suite.repeat(comparison, repeat))
+    results = {c.name: summarise(c, raw[c.name]) for c in COMPARISONS}
+    return {
+        "settings": asdict(settings),
+        "prompts": len(suite.prompts),
+        "assisted_generation": assistant_settings(suite.draft.model),
+        "results": results,
+        "analytic": analytic_model(suite, results),
+        "raw_seconds": {name: [{"ours": [run["seconds"] for run in r["ours"]], "peer": [run["seconds"] for run in r["peer"]]}
+                               for r in repeats] for name, repeats in raw.items()},  # fmt: skip
+    }
