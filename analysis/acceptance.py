@@ -61,20 +61,33 @@ def acceptance_by_margin(table: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="bin")
 
 
+def shadow_label(raw: str) -> str:
+    """'mars(theta=0.9,guard=never,correction=residual)' -> 'mars (theta 0.9)'; non-default settings stay."""
+    name, _, params = raw.partition("(")
+    settings = dict(item.split("=", 1) for item in params.rstrip(")").split(",") if "=" in item)
+    theta = settings.pop("theta", None)
+    shown = [f"{k} {v}" for k, v in settings.items() if (k, v) not in (("guard", "never"), ("correction", "residual"))]
+    details = ([f"theta {theta}"] if theta not in (None, "None") else []) + shown
+    return f"{name} ({', '.join(details)})" if details else name
+
+
 def shadow_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Acceptance rate (kept drafts / drafts) of the live verifier and of every shadow verifier,
-    on the identical drafts and logits of each setting."""
+    """Per setting and shadow verifier: the acceptance rate (kept drafts / drafts) of the live
+    verifier and what the shadow would have kept of the identical drafts and logits."""
     rows = method_rows(frame)
     if "shadow_accepted" not in rows or not rows["shadow_accepted"].map(lambda s: isinstance(s, dict) and bool(s)).any():
         raise NotEnoughData("no method row carries shadow verifiers (run with shadow=[rejection,mars])")
     out = []
     for key, group in rows.groupby(KEYS, sort=True):
         drafted = group["drafted"].sum()
-        entry = {**dict(zip(KEYS, key)), "prompts": len(group), "drafted": int(drafted),
-                 "live": group["accepted"].sum() / drafted if drafted else np.nan}  # fmt: skip
+        kept: dict[str, int] = {}
         for shadows in group["shadow_accepted"]:
-            for name, kept in (shadows or {}).items():
-                entry[name] = entry.get(name, 0) + sum(kept)
-        out.append({k: (v / drafted if k not in (*KEYS, "prompts", "drafted", "live") and drafted else v)
-                    for k, v in entry.items()})  # fmt: skip
+            for name, per_step in (shadows if isinstance(shadows, dict) else {}).items():
+                kept[name] = kept.get(name, 0) + sum(per_step)
+        live = group["accepted"].sum() / drafted if drafted else np.nan
+        for name, count in kept.items():
+            shadow = count / drafted if drafted else np.nan
+            out.append({**dict(zip(KEYS, key)), "prompts": len(group), "drafted": int(drafted), "live": live,
+                        "shadow": shadow_label(name), "shadow_acceptance": shadow,
+                        "live_minus_shadow": live - shadow})  # fmt: skip
     return pd.DataFrame(out)

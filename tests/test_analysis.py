@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main
-from analysis.acceptance import OUTCOMES, acceptance_by_margin, alpha_per_depth, positions, shadow_table
+from analysis.acceptance import OUTCOMES, acceptance_by_margin, alpha_per_depth, positions, shadow_label, shadow_table
 from analysis.cells import NotEnoughData, method_summary
 from analysis.figures import pareto_front
 from analysis.gather import NoRecordsError, gather
@@ -119,7 +119,8 @@ def test_a_setting_summary_pools_prompts_and_counts_triggers(tmp_path):
 def acceptance_rows(tmp_path):
     mars = record(0, "mars", 10, 1.0, 3, accepted_per_depth=[3, 2, 0], reached_per_depth=[3, 3, 2], drafted=9, accepted=5,
                   margins=[0.95, 0.5, 0.2, 0.91, 0.99, None], reasons=[0, 1, 3, 2, 1, 3],
-                  shadow_accepted={"rejection": [1, 0, 2], "mars(theta=0.9)": [2, 1, 2]})  # fmt: skip
+                  shadow_accepted={"rejection": [1, 0, 2],
+                                   "mars(theta=0.9,guard=never,correction=residual)": [2, 1, 2]})  # fmt: skip
     write_run(tmp_path / "run", [record(0, "baseline", 10, 2.0, 9), mars])
     return gather([tmp_path])
 
@@ -147,9 +148,13 @@ def test_outcome_codes_match_the_verifier_reasons():
 
 
 def test_the_shadow_table_reports_acceptance_on_identical_drafts(tmp_path):
-    row = shadow_table(acceptance_rows(tmp_path)).iloc[0]
-    assert row["live"] == pytest.approx(5 / 9)
-    assert row["rejection"] == pytest.approx(3 / 9) and row["mars(theta=0.9)"] == pytest.approx(5 / 9)
+    table = shadow_table(acceptance_rows(tmp_path)).set_index("shadow")
+    assert table["live"].tolist() == pytest.approx([5 / 9, 5 / 9])
+    assert table.loc["rejection", "shadow_acceptance"] == pytest.approx(3 / 9)
+    assert table.loc["mars (theta 0.9)", "shadow_acceptance"] == pytest.approx(5 / 9)
+    assert table.loc["rejection", "live_minus_shadow"] == pytest.approx(2 / 9)
+    assert shadow_label("mars(theta=0.84,guard=gap,correction=residual)") == "mars (theta 0.84, guard gap)"
+    assert shadow_label("typical(epsilon=0.09,delta=0.3)") == "typical (epsilon 0.09, delta 0.3)"
 
 
 def test_the_pareto_front_keeps_only_unbeaten_points():
