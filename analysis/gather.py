@@ -30,9 +30,11 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     if not frames:
         raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}")
     frame = pd.concat(frames, ignore_index=True)
-    for column, default in OPTIONAL.items():
+    for column, default in OPTIONAL.items():  # fields that older writers did not write, in some files or all
         if column not in frame:
             frame[column] = default
+        elif default is not None:
+            frame[column] = frame[column].fillna(default)
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others

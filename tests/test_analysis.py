@@ -213,6 +213,12 @@ def test_a_partial_sweep_makes_what_it_can_and_says_what_is_missing(tmp_path, ca
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_records_from_older_writers_get_the_defaults_of_missing_fields(tmp_path):
+    write_run(tmp_path / "old", [record(0, "baseline", 10, 2.0, 9), record(0, "mars", 10, 1.0, 3)])
+    write_run(tmp_path / "new", [record(0, "baseline", 10, 2.0, 9), record(0, "mars", 10, 1.0, 3, draft_length="fixed")])
+    assert set(method_summary(gather([tmp_path]))["label"]) == {"mars (theta 0.9)"}
+
+
 def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
     with pytest.raises(NoRecordsError, match="no records.jsonl with finished rows below"):
         gather([tmp_path])
