@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import check_drafter_name
+from mars_bench.drafting.model import check_min_confidence
 from mars_bench.models import parse_dtype
 from mars_bench.verification import get_verifier
 from mars_bench.verification.sampling import SamplingParams
@@ -134,8 +135,8 @@ def check_run_config(cfg: Any) -> None:
     shadow_verifiers(cfg)
     check_drafter_name(cfg.drafter.name)
     draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
-    if cfg.drafter.length == "confidence" and not 0 < cfg.drafter.min_confidence < 1:
-        raise ValueError(f"drafter.min_confidence={cfg.drafter.min_confidence} is invalid: allowed is a number in (0, 1)")
+    if cfg.drafter.length == "confidence":
+        check_min_confidence(cfg.drafter.min_confidence)
     parse_dtype(cfg.model.dtype)
     if cfg.drafter.name == "model" and not cfg.model.draft_model:
         raise ValueError(

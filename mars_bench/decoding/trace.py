@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PHASES = ("draft", "target", "verify", "bookkeeping")  # the parts of a step's seconds
+
 
 @dataclass
 class StepRecord:
@@ -80,7 +82,4 @@ class DecodeResult:
         return [[step.shadow_accepted[index] if step.drafted else 0 for step in self.steps] for index in range(count)]
 
     def phase_seconds(self) -> dict[str, float]:
-        return {
-            phase: sum(getattr(step, f"{phase}_s") for step in self.steps)
-            for phase in ("draft", "target", "verify", "bookkeeping")
-        }
+        return {phase: sum(getattr(step, f"{phase}_s") for step in self.steps) for phase in PHASES}

@@ -12,6 +12,11 @@ from mars_bench.kvcache import cached_logits, crop_to
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
 
+def check_min_confidence(value: float | None) -> None:
+    if value is not None and not 0 < value < 1:
+        raise ValueError(f"drafter.min_confidence={value} is invalid: allowed is a number in (0, 1) or null")
+
+
 class ModelDrafter(Drafter):
     """Drafts autoregressively with ``model`` (any causal LM sharing the target's vocabulary).
 
@@ -25,8 +30,7 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, model: Any, vocab_size: int | None = None, min_confidence: float | None = None) -> None:
-        if min_confidence is not None and not 0 < min_confidence < 1:
-            raise ValueError(f"drafter.min_confidence={min_confidence} is invalid: allowed is a number in (0, 1) or null")
+        check_min_confidence(min_confidence)
         self.model = model
         self.vocab_size = vocab_size
         self.min_confidence = min_confidence

@@ -12,10 +12,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mars_bench.config import TaskConfig
+from mars_bench.config import DrafterConfig, TaskConfig
 from mars_bench.decoding import decode
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import cut_at_stop
+from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.perf.costs import forward_seconds, predicted_speedup
@@ -23,7 +24,6 @@ from mars_bench.perf.peer import assistant_settings, peer_generate, peer_generat
 from mars_bench.tasks.providers import load_questions
 
 CONF_TASKS = Path(__file__).resolve().parents[2] / "conf" / "task"
-PHASES = ("draft", "target", "verify", "bookkeeping")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Suite:
         check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
         self.stops = stop_token_ids(self.target)
         self.prompts = task_prompts(self.target.tokenizer, settings)
-        min_confidence = 0.4 if settings.draft_length == "confidence" else None
+        min_confidence = DrafterConfig.min_confidence if settings.draft_length == "confidence" else None
         self.drafter = drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence)
         pad = self.target.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stops[0]
