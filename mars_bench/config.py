@@ -16,7 +16,8 @@ from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import check_drafter_name
 from mars_bench.drafting.model import check_min_confidence
-from mars_bench.models import parse_dtype
+from mars_bench.drafting.tree import TreeShape
+from mars_bench.models import PLANNED_MAPS, normalise_max_memory, parse_dtype
 from mars_bench.verification import get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
@@ -28,10 +29,11 @@ class ModelConfig:
     name: str = "qwen2.5-coder-1.5b"
     target: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
     draft_model: str | None = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
-    eagle3_head: str | None = None  # recorded for the EAGLE-3 drafter (its own issue)
+    eagle3_head: str | None = None  # the EAGLE-3 draft head for drafter=eagle3 (a folder or Hub id)
     dtype: str = "bfloat16"
     device_map: str | None = None
-    max_memory: dict[str, str] | None = None
+    max_memory: dict[Any, str] | None = None  # per device (0, 1, ..., cpu, disk): the target's budget
+    offload_folder: str | None = None  # a folder allows disk offload
     attn_implementation: str = "sdpa"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -46,6 +48,8 @@ class DrafterConfig:
     length: str = "fixed"  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence
     max_gamma: int = 16  # schedule: the most drafts per step
     min_confidence: float = 0.4  # confidence: stop drafting after a token the drafter gives q below this
+    top_k: int = 10  # tree drafters (model_tree, eagle3): children per expanded node, nodes expanded per depth
+    tree_tokens: int = 50  # tree drafters: the root plus every drafted node (EAGLE's total_token); gamma is the depth
 
 
 @dataclass
@@ -57,6 +61,8 @@ class VerifierConfig:
     epsilon: float = 0.09
     delta: float = 0.3
 
+
+TREE_DRAFTERS = ("model_tree", "eagle3")
 
 VERIFIER_PARAMS = {
     "exact": (),
@@ -135,12 +141,23 @@ def check_run_config(cfg: Any) -> None:
     shadow_verifiers(cfg)
     check_drafter_name(cfg.drafter.name)
     draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
+    if cfg.drafter.name in TREE_DRAFTERS:
+        TreeShape(cfg.drafter.gamma, cfg.drafter.top_k, cfg.drafter.tree_tokens)
+    if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
+        raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
     if cfg.drafter.length == "confidence":
         check_min_confidence(cfg.drafter.min_confidence)
     parse_dtype(cfg.model.dtype)
-    if cfg.drafter.name == "model" and not cfg.model.draft_model:
+    normalise_max_memory(cfg.model.max_memory)
+    if cfg.model.max_memory is not None and cfg.model.device_map not in PLANNED_MAPS:
         raise ValueError(
-            f"drafter=model needs model.draft_model, which model={cfg.model.name} does not set: use drafter=layerskip or lookup"
+            f"model.max_memory is set but model.device_map={cfg.model.device_map!r} plans nothing: "
+            f"allowed are {', '.join(PLANNED_MAPS)}"
+        )
+    if cfg.drafter.name in ("model", "model_tree") and not cfg.model.draft_model:
+        raise ValueError(
+            f"drafter={cfg.drafter.name} needs model.draft_model, which model={cfg.model.name} does not set: "
+            "use drafter=layerskip or lookup"
         )
     if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")

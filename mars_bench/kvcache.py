@@ -1,10 +1,14 @@
-"""Cached forwards and KV-cache rollback, shared by the engine and the model drafters."""
+"""Cached forwards (chain and tree) and KV-cache rollback, shared by the engine and the drafters."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from mars_bench.models import input_device
+from mars_bench.trees import additive_mask, ancestor_matrix, node_depths
 
 
 def crop_to(cache: Any, length: int) -> None:
@@ -14,15 +18,74 @@ def crop_to(cache: Any, length: int) -> None:
         cache.crop(-surplus)
 
 
-def cached_logits(model: Any, tokens: torch.Tensor, cache: Any, *, last_only: bool = False) -> torch.Tensor:
-    """Logits [n, V] for ``tokens`` (LongTensor[n]) appended to ``cache``; [1, V] if ``last_only``.
+def keep_positions(cache: Any, positions: torch.Tensor) -> None:
+    """Keep only the cached ``positions`` (LongTensor, ascending) in every layer, in that order.
+
+    After a tree forward this keeps the prefix and the accepted path (transformers has no
+    API for selecting sequence positions; the layers' key and value tensors are public).
+    """
+    for layer in cache.layers:
+        index = positions.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
+def masked_logits(model: Any, tokens: torch.Tensor, cache: Any, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Logits [n, V] for ``tokens`` (LongTensor[n]) appended to ``cache`` when token i may
+    attend to the cached and new positions where ``allowed[i]`` ([n, cached + n], bool) is
+    True, at position ids ``positions`` (LongTensor[n])."""
+    device = input_device(model)
+    mask = additive_mask(allowed, model.get_input_embeddings().weight.dtype, device)
+    out = model(input_ids=tokens[None].to(device), attention_mask=mask, position_ids=positions[None].to(device), cache=cache)
+    return out.logits[0]
+
+
+def tree_block(parents: torch.Tensor, past_len: int, dtype: torch.dtype, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 4D additive attention mask [1, 1, n, past_len + n] and position ids [1, n] for a
+    block of n new tokens laid out as a tree over ``past_len`` cached ones.
+
+    parents: LongTensor[n] on the CPU, each token's parent within the block, -1 for a token
+    that follows the cached prefix directly (every token sees the whole prefix).
+    """
+    allowed = torch.cat([torch.ones(parents.shape[0], past_len, dtype=torch.bool), ancestor_matrix(parents)], dim=1)
+    positions = (past_len + node_depths(parents))[None].to(device)
+    return additive_mask(allowed, dtype, device), positions
+
+
+def cached_forward(
+    model: Any,
+    tokens: torch.Tensor,
+    cache: Any,
+    *,
+    last_only: bool = False,
+    parents: torch.Tensor | None = None,
+    hidden_layers: Sequence[int] = (),
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits [n, V] for ``tokens`` (LongTensor[n]) appended to ``cache`` ([1, V] if
+    ``last_only``), and the ``hidden_layers`` entries of the model's hidden states for the
+    new tokens concatenated along the hidden axis ([n, len * hidden]; None if none asked).
+
+    parents: None for a chain; else the tokens' tree within the block (see ``tree_block``),
+    run in one forward with a 4D mask and per-node positions.
 
     ``last_only`` passes the last index as a tensor: an integer ``logits_to_keep`` slices a
     non-contiguous view of the hidden states, which sends the head's matmul down a batched
     path that copies the whole [hidden, vocab] weight on every multi-token call (measured:
     410 ms per call for the 0.5B drafter on this CPU).
     """
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     keep = torch.tensor([tokens.shape[0] - 1], device=device) if last_only else 0
-    out = model(input_ids=tokens[None].to(device), cache=cache, use_cache=True, logits_to_keep=keep)
-    return out.logits[0]
+    extra: dict[str, Any] = {}
+    if parents is not None:
+        dtype = model.get_input_embeddings().weight.dtype
+        extra["attention_mask"], extra["position_ids"] = tree_block(parents, cache.get_seq_length(), dtype, device)
+    if hidden_layers:
+        extra["output_hidden_states"] = list(hidden_layers)
+    out = model(input_ids=tokens[None].to(device), cache=cache, use_cache=True, logits_to_keep=keep, **extra)
+    features = torch.cat([out.hidden_states[i][0].to(device) for i in hidden_layers], dim=-1) if hidden_layers else None
+    return out.logits[0], features
+
+
+def cached_logits(model: Any, tokens: torch.Tensor, cache: Any, *, last_only: bool = False) -> torch.Tensor:
+    """Logits only: ``cached_forward`` for a chain with no hidden states."""
+    return cached_forward(model, tokens, cache, last_only=last_only)[0]

@@ -41,6 +41,8 @@ def test_every_group_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "model" and option == "smollm2-135m":
         overrides.append("drafter=layerskip")  # it has no separate draft model
+    if group == "drafter" and option == "eagle3":
+        overrides.append("model=llama3.1-8b")  # a target with a published EAGLE-3 head
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
     check_run_config(cfg)
@@ -114,6 +116,8 @@ def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"packages", "git", "cpu", "models", "seeds", "config"} <= set(manifest)
     assert manifest["models"]["target"]["dtype"] == "bfloat16"
+    assert manifest["methods"]["mars"]["verifier"] == {"name": "mars", "theta": 0.9, "guard": "never", "correction": "residual"}
+    assert manifest["methods"]["mars"]["drafter"]["name"] == "layerskip" and manifest["methods"]["baseline"]["drafter"] is None
     assert (out / "summary.csv").read_text().startswith("cell,method")
     assert "max_new_tokens: 12" in (out / "config.yaml").read_text()
 

@@ -50,6 +50,31 @@ def speculative_sequence(
     return tuple(sequence[1 : LENGTH + 1])
 
 
+def tree_drafts(last: int) -> tuple[list[int], list[int]]:
+    """A depth-2 tree: the drafter's top-2 tokens after ``last``, each with its own top-2 children."""
+    tokens, parents = [], []
+    for first in torch.topk(DRAFTER[last], 2).indices.tolist():
+        tokens.append(first)
+        parents.append(-1)
+        parent = len(tokens) - 1
+        for second in torch.topk(DRAFTER[first], 2).indices.tolist():
+            tokens.append(second)
+            parents.append(parent)
+    return tokens, parents
+
+
+def speculative_tree_sequence(verifier, generator: torch.Generator, target: torch.Tensor) -> tuple[int, ...]:
+    """Decode LENGTH tokens after token 0, verifying a deterministic tree of drafts per step."""
+    sequence = [0]
+    while len(sequence) - 1 < LENGTH:
+        drafts, parents = tree_drafts(sequence[-1])
+        rows = torch.tensor([sequence[-1], *drafts])
+        step = VerifyInput(torch.tensor(drafts), torch.tensor(parents), target[rows], SAMPLE)
+        verdict = verifier.verify(step, generator=generator)
+        sequence += [drafts[node] for node in verdict.accepted.tolist()] + [verdict.next_token]
+    return tuple(sequence[1 : LENGTH + 1])
+
+
 def target_joint(target: torch.Tensor) -> dict[tuple[int, ...], float]:
     probs = torch.softmax(target.double(), -1)
     joint = {}
@@ -62,12 +87,17 @@ def target_joint(target: torch.Tensor) -> dict[tuple[int, ...], float]:
     return joint
 
 
-def chi_square_pvalue(name: str, deterministic_drafts: bool, target: torch.Tensor = TARGET, **params) -> float:
+def chi_square_pvalue(
+    name: str, deterministic_drafts: bool, target: torch.Tensor = TARGET, tree: bool = False, **params
+) -> float:
     verifier = get_verifier(name, **params)
     generator = torch.Generator().manual_seed(1234)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(DRAWS):
-        sequence = speculative_sequence(verifier, generator, deterministic_drafts, target)
+        if tree:
+            sequence = speculative_tree_sequence(verifier, generator, target)
+        else:
+            sequence = speculative_sequence(verifier, generator, deterministic_drafts, target)
         counts[sequence] = counts.get(sequence, 0) + 1
     joint = target_joint(target)
     observed = [counts.get(sequence, 0) for sequence in joint]
@@ -80,6 +110,27 @@ def chi_square_pvalue(name: str, deterministic_drafts: bool, target: torch.Tenso
 @pytest.mark.parametrize("name", ["rejection", "exact"])
 def test_lossless_verifiers_preserve_the_target_distribution(name, deterministic_drafts):
     assert chi_square_pvalue(name, deterministic_drafts) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["rejection", "exact"])
+def test_lossless_verifiers_preserve_the_target_distribution_over_trees(name):
+    assert chi_square_pvalue(name, True, tree=True) > 1e-3
+
+
+def test_mars_with_relaxation_off_preserves_the_target_distribution_over_trees():
+    assert chi_square_pvalue("mars", True, tree=True, theta=None) > 1e-3
+
+
+def test_the_tree_test_detects_a_rejection_rule_that_ignores_earlier_siblings():
+    # Negative control: a second sibling tested on the unrenormalised p is accepted too rarely.
+    from mars_bench.verification import kernels
+
+    original = kernels.sibling_normalisers
+    kernels.sibling_normalisers = lambda p_node, q_node, layout: torch.ones_like(p_node)
+    try:
+        assert chi_square_pvalue("rejection", True, tree=True) < 1e-6
+    finally:
+        kernels.sibling_normalisers = original
 
 
 def test_mars_with_relaxation_off_preserves_the_target_distribution():

@@ -173,12 +173,6 @@ def test_a_vocabulary_of_one_is_handled():
         assert verdict.accepted_len == 1 and verdict.next_token == 0
 
 
-def test_trees_are_refused_with_a_clear_message():
-    step = VerifyInput(torch.tensor([1, 2]), torch.tensor([-1, -1]), torch.zeros(3, 4))
-    with pytest.raises(ValueError, match="only chains"):
-        get_verifier("exact").verify(step)
-
-
 @pytest.mark.parametrize(
     ("build", "message"),
     [

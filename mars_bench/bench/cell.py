@@ -32,19 +32,35 @@ BASELINE = "baseline"
 
 
 @lru_cache(maxsize=4)
-def cached_model(name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None) -> LoadedModel:
-    """Models stay loaded across the cells of a multirun in one process."""
+def cached_model(
+    name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None, offload_folder: str | None = None
+) -> LoadedModel:
+    """Models stay loaded across the cells of a multirun in one process.
+
+    max_memory: a tuple of (device, size) pairs (hashable); offload_folder allows disk offload."""
     return load_model(
-        name, dtype=dtype, device_map=device_map, attn_implementation=attn, max_memory=dict(max_memory) if max_memory else None
+        name,
+        dtype=dtype,
+        device_map=device_map,
+        attn_implementation=attn,
+        max_memory=dict(max_memory) if max_memory else None,
+        offload_folder=offload_folder,
     )
 
 
 def load_models(cfg: Any) -> dict[str, LoadedModel]:
+    """The target (sharded per model.device_map / max_memory, its plan checked before loading)
+    and, for drafter=model, the draft model on the target's input device (``drafter_device``)."""
+    from mars_bench.models import drafter_device
+
     m = cfg.model
-    memory = tuple(sorted(m.max_memory.items())) if m.max_memory else None
-    models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory)}
+    memory = tuple(sorted(((str(k), v) for k, v in m.max_memory.items()), key=str)) if m.max_memory else None
+    offload_folder = getattr(m, "offload_folder", None)
+    models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory, offload_folder)}
     if cfg.drafter.name == "model":
-        models["drafter"] = cached_model(m.draft_model, m.dtype, m.device_map, m.attn_implementation, memory)
+        # Unsharded targets keep the default device; sharded ones get the drafter beside their first device.
+        place = str(drafter_device(models["target"].model)) if m.device_map else None
+        models["drafter"] = cached_model(m.draft_model, m.dtype, place, m.attn_implementation, None)
         check_tokenizers_compatible(models["target"].tokenizer, models["drafter"].tokenizer)
     return models
 
@@ -131,6 +147,9 @@ class Cell:
             max_ngram=d.max_ngram,
             min_ngram=d.min_ngram,
             min_confidence=d.min_confidence if d.length == "confidence" else None,
+            top_k=d.top_k,
+            tree_tokens=d.tree_tokens,
+            head=self.cfg.model.eagle3_head,
         )
 
     def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
@@ -172,7 +191,14 @@ class Cell:
     def run(self, progress: bool = True) -> list[dict[str, Any]]:
         config = OmegaConf.to_container(self.cfg, resolve=True)
         seeds = {"seed": self.cfg.seed, "per_turn": "seed * 1_000_003 + question_index * 101 + turn"}
-        write_manifest(self.folder, build_manifest(config, self.models, seeds))
+        methods = {
+            method.label: {
+                "drafter": method.drafter.describe() if method.drafter is not None else None,
+                "verifier": method.verifier.describe() if method.verifier is not None else None,
+            }
+            for method in self.methods
+        }
+        write_manifest(self.folder, build_manifest(config, self.models, seeds, methods))
         (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
         if self.pending():
             self.warm_up()

@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 
+from mars_bench.models import drafter_device, input_device
+from mars_bench.models import placement as model_placement
+
 PACKAGES = ("mars-bench", "torch", "transformers", "accelerate", "hydra-core", "safetensors", "gguf", "datasets", "numpy")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,20 +74,38 @@ def gpu_description() -> list[dict[str, Any]]:
     ]
 
 
-def placement(model: Any) -> Any:
-    """device_map placement when sharded, else the single device."""
-    device_map = getattr(model, "hf_device_map", None)
-    if device_map:
-        return {name: str(device) for name, device in device_map.items()}
-    return str(model.get_input_embeddings().weight.device)
+def placement(model: Any) -> dict[str, Any]:
+    """Where ``model`` lives: its device_map (module -> place) when sharded, else None, and its
+    input / output devices and offloaded modules (see ``mars_bench.models.placement``)."""
+    return model_placement(model)
+
+
+def model_record(role: str, loaded: Any, models: dict[str, Any]) -> dict[str, Any]:
+    """One model's manifest entry: dtype, placement, the max_memory it was planned against and
+    the plan's sizes (sharded loads), and for a drafter beside a target the placement rule."""
+    record: dict[str, Any] = {
+        "dtype": loaded.dtype,
+        "placement": placement(loaded.model),
+        "max_memory": {str(k): v for k, v in loaded.max_memory.items()} if getattr(loaded, "max_memory", None) else None,
+        "plan": loaded.plan.to_record() if getattr(loaded, "plan", None) is not None else None,
+    }
+    if role == "drafter" and "target" in models:
+        record["placed_with"] = {
+            "rule": "the target's input-embedding device (its first device)",
+            "device": str(input_device(loaded.model)),
+            "target_input_device": str(drafter_device(models["target"].model)),
+        }
+    return {**record, **loaded.resolved.to_record()}
 
 
 def text_hash(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_manifest(config: dict[str, Any], models: dict[str, Any], seeds: dict[str, Any]) -> dict[str, Any]:
-    """``models``: role -> LoadedModel."""
+def build_manifest(
+    config: dict[str, Any], models: dict[str, Any], seeds: dict[str, Any], methods: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``models``: role -> LoadedModel. ``methods``: label -> the drafter's and verifier's settings."""
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
@@ -94,10 +115,8 @@ def build_manifest(config: dict[str, Any], models: dict[str, Any], seeds: dict[s
         "git": git_state(),
         "cpu": cpu_description(),
         "gpu": gpu_description(),
-        "models": {
-            role: {"dtype": loaded.dtype, "placement": placement(loaded.model), **loaded.resolved.to_record()}
-            for role, loaded in models.items()
-        },
+        "models": {role: model_record(role, loaded, models) for role, loaded in models.items()},
+        "methods": methods or {},
         "seeds": seeds,
         "system_prompt_sha256": text_hash(config.get("task", {}).get("system_prompt")),
         "config": config,

@@ -1,12 +1,13 @@
 """The decoding engine: prefill, then draft -> one target forward -> verify -> commit.
 
 The autoregressive baseline is the same loop with no drafter: same model object, same
-cache type, same token choice, same stop handling.
+cache type, same token choice, same stop handling. A tree of drafts is verified in one
+target forward with a 4D mask; afterwards the cache keeps the prefix and the accepted
+path only (a chain's rejected tail is simply cropped).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,10 +15,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from mars_bench.decoding.clock import Clock
 from mars_bench.decoding.draft_length import DraftLength, FixedLength
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter, empty_draft
-from mars_bench.kvcache import cached_logits, crop_to
+from mars_bench.kvcache import cached_forward, crop_to, keep_positions
+from mars_bench.models import input_device
+from mars_bench.trees import is_chain, node_depths
 from mars_bench.verification import Verifier, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
 
@@ -36,26 +40,14 @@ class DecodeSettings:
                 raise ValueError(f"{option}={value!r} is invalid: allowed is an integer >= {low}")
 
 
-class Clock:
-    """Wall-clock lap timer that waits for the device before reading the time."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.last = self.now()
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def lap(self) -> float:
-        current = self.now()
-        elapsed, self.last = current - self.last, current
-        return elapsed
-
-
 def chain_parents(count: int) -> torch.Tensor:
     return torch.arange(-1, count - 1)
+
+
+def block_parents(draft_parents: torch.Tensor) -> torch.Tensor:
+    """Parents within the verified block [root, node 0, ...]: the root follows the cached
+    prefix (-1), node i sits at block index i + 1 and a root child's parent is the root."""
+    return torch.cat([torch.tensor([-1]), draft_parents.cpu() + 1])
 
 
 def cut_at_stop(tokens: list[int], stop_ids: Iterable[int], budget: int) -> tuple[list[int], bool]:
@@ -105,7 +97,7 @@ def decode(
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten().cpu()
     if prompt.numel() == 0:
         raise ValueError("prompt_ids is empty: allowed is a prompt of at least one token")
-    device = target.get_input_embeddings().weight.device
+    device = input_device(target)
     if generator is None:
         generator = torch.Generator(device=device)
         generator.manual_seed(0 if seed is None else seed)
@@ -125,16 +117,22 @@ class _Run:
         self.shadow, self.shadow_generator = shadows
         self.draft_length: DraftLength = draft_length
         self.cache = DynamicCache(config=target.config)
+        self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
+        self.features: torch.Tensor | None = None  # the drafter's target features for the last forward
 
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Target logits [n, V] for the new tokens ([1, V] if ``last_only``)."""
-        return cached_logits(self.target, tokens, self.cache, last_only=last_only)
+    def forward(self, tokens: torch.Tensor, last_only: bool = False, parents: torch.Tensor | None = None) -> torch.Tensor:
+        """Target logits [n, V] for the new tokens ([1, V] if ``last_only``); ``parents``: their
+        tree within the block (None: a chain). Keeps the drafter's features in ``self.features``."""
+        logits, self.features = cached_forward(
+            self.target, tokens, self.cache, last_only=last_only, parents=parents, hidden_layers=self.hidden_layers
+        )
+        return logits
 
     def run(self, prompt: torch.Tensor) -> DecodeResult:
         clock = Clock(self.device)
         first = int(choose_tokens(self.forward(prompt, last_only=True), self.sampling, self.generator)[0])
         if self.drafter is not None:
-            self.drafter.begin(prompt)
+            self.drafter.begin(prompt, self.features)
         prefill_s = clock.lap()
         tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
         context = torch.cat([prompt, torch.tensor(tokens)])
@@ -161,15 +159,19 @@ class _Run:
         draft_tokens = draft.tokens.tolist()
         draft_s = clock.lap()
         root = context[-1:].to(self.device)
-        logits = self.forward(torch.cat([root, draft.tokens.to(self.device)]))
+        tree = draft.parents is not None and not is_chain(draft.parents)
+        parents = draft.parents.cpu() if tree else chain_parents(len(draft_tokens))
+        logits = self.forward(torch.cat([root, draft.tokens.to(self.device)]), parents=block_parents(parents) if tree else None)
         target_s = clock.lap()
         if not draft_tokens:
             next_token = int(choose_tokens(logits[-1:], self.sampling, self.generator)[0])
             record = StepRecord(0, 0, 0, next_token, 0, draft_s=draft_s, target_s=target_s, verify_s=clock.lap())
+            if self.drafter is not None:
+                self.drafter.accept([], self.features)
             return record, [next_token]
         step_input = VerifyInput(
             draft_tokens=draft.tokens,
-            parents=chain_parents(len(draft_tokens)),
+            parents=parents,
             target_logits=logits,
             sampling=self.sampling,
             draft_probs=draft.probs,
@@ -179,10 +181,14 @@ class _Run:
         verify_s = clock.lap()
         shadow_accepted = [shadow.verify(step_input, generator=self.shadow_generator).accepted_len for shadow in self.shadow]
         clock.lap()  # shadow verifiers are left out of the method's time
-        accepted = verdict.accepted_len
-        self.draft_length.observe(len(draft_tokens), accepted)
-        crop_to(self.cache, len(context) + accepted)  # the root and the kept drafts stay cached
-        self.drafter.accept(accepted)
+        accepted, path = verdict.accepted_len, verdict.accepted.tolist()
+        self.draft_length.observe(int(node_depths(parents).max()) + 1 if tree else len(draft_tokens), accepted)
+        if tree:  # the prefix, the root and the accepted path stay cached
+            keep_positions(self.cache, torch.cat([torch.arange(len(context)), len(context) + verdict.accepted]))
+        else:
+            crop_to(self.cache, len(context) + accepted)
+        rows = [0] + [node + 1 for node in path]
+        self.drafter.accept(path, None if self.features is None else self.features[rows])
         decisions = verdict.decisions
         record = StepRecord(
             drafted=len(draft_tokens),
@@ -199,4 +205,4 @@ class _Run:
             target_s=target_s,
             verify_s=verify_s,
         )
-        return record, draft_tokens[:accepted] + [verdict.next_token]
+        return record, [draft_tokens[node] for node in path] + [verdict.next_token]

@@ -67,8 +67,9 @@ class DecodeResult:
         return sum(step.relaxed for step in self.steps)
 
     def accepted_per_depth(self) -> tuple[list[int], list[int]]:
-        """(accepted at depth d, reached depth d) for d = 0, 1, ... (alpha_d = ratio)."""
-        depth = max((step.drafted for step in self.steps), default=0)
+        """(accepted at depth d, reached depth d) for d = 0, 1, ... (alpha_d = ratio), up to the
+        deepest depth any step judged (a tree's node count is not its depth)."""
+        depth = max((len(step.reasons) for step in self.steps), default=0)
         accepted, reached = [0] * depth, [0] * depth
         for step in self.steps:
             for d in range(len(step.reasons)):

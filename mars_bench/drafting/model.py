@@ -1,4 +1,4 @@
-"""A separate small LM drafts a chain of tokens, keeping its own KV cache."""
+"""A separate small LM drafts a chain of tokens, or a top-k tree, keeping its own KV cache."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.drafting.base import Draft, Drafter, empty_draft, register_drafter
-from mars_bench.kvcache import cached_logits, crop_to
+from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_attention
+from mars_bench.kvcache import cached_logits, crop_to, masked_logits
+from mars_bench.models import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
 
@@ -42,9 +44,9 @@ class ModelDrafter(Drafter):
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return input_device(self.model)
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
+    def begin(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.cached_valid = self.cached_total = 0
         if prompt_ids.numel() > 1:  # the last prompt token is fed with the first draft step
@@ -64,6 +66,17 @@ class ModelDrafter(Drafter):
             return rows[..., :width]
         return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]), value=fill)
 
+    def _draft_probs(self, logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """(processed logits, q) for drafter logits [R, V'] (fitted to the target's width).
+        Greedy drafts still report q under softmax(logits): a confidence for draft-length
+        policies and the tree drafter's scores."""
+        processed = process_logits(self._fit_vocab(logits, float("-inf")), sampling)
+        return processed, torch.softmax(processed, dim=-1) if sampling.greedy else probabilities(processed, sampling)
+
+    def _rewind(self) -> None:
+        crop_to(self.cache, self.cached_valid)
+        self.cached_total = self.cached_valid
+
     def propose(
         self,
         context: torch.Tensor,
@@ -73,15 +86,11 @@ class ModelDrafter(Drafter):
     ) -> Draft:
         if max_drafts <= 0:
             return empty_draft(self.device)
-        crop_to(self.cache, self.cached_valid)
-        self.cached_total = self.cached_valid
+        self._rewind()
         feed = context[self.cached_valid :].to(self.device)
         tokens, token_probs, dists = [], [], []
         for _ in range(max_drafts):
-            logits = self._fit_vocab(self._forward(feed)[None], float("-inf"))
-            processed = process_logits(logits, sampling)
-            # Greedy drafts still report q under softmax(logits): a confidence for draft-length policies.
-            probs = torch.softmax(processed, dim=-1) if sampling.greedy else probabilities(processed, sampling)
+            processed, probs = self._draft_probs(self._forward(feed)[None], sampling)
             token = torch.argmax(processed, dim=-1) if sampling.greedy else sample_rows(probs, generator)
             tokens.append(token)
             token_probs.append(probs.gather(-1, token[:, None])[:, 0])
@@ -98,9 +107,74 @@ class ModelDrafter(Drafter):
             dists=torch.cat(dists) if dists else None,
         )
 
-    def accept(self, accepted_len: int) -> None:
+    def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
         # The last drafted token was never fed, so at most drafted - 1 drafts are cached.
-        self.cached_valid = self.last_context_len + min(accepted_len, self.last_drafted - 1)
+        self.cached_valid = self.last_context_len + max(0, min(len(path), self.last_drafted - 1))
+
+
+class TreeModelDrafter(ModelDrafter):
+    """Drafts a top-k tree with ``model`` (SpecInfer-style; grown as EAGLE-2 grows its trees).
+
+    Per step one forward feeds the newly committed tokens and gives the root's children;
+    each further depth feeds the ``top_k`` best frontier nodes in one tree-masked forward,
+    so a tree of depth d costs d drafter forwards, like a chain of d drafts. The tree's
+    nodes are dropped from the cache after drafting: the accepted ones are fed again, with
+    the next step's new tokens, in the next step's first forward. Drafts are the top-k of
+    the drafter's processed distribution, deterministic in greedy and sampling mode (q is
+    reported per node for the verifiers that use it).
+    """
+
+    name = "model_tree"
+
+    def __init__(self, model: Any, vocab_size: int | None = None, top_k: int = 3, tree_tokens: int = 16) -> None:
+        super().__init__(model, vocab_size)
+        self.top_k, self.tree_tokens = top_k, tree_tokens
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "top_k": self.top_k, "tree_tokens": self.tree_tokens}
+
+    def propose(
+        self,
+        context: torch.Tensor,
+        max_drafts: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        if max_drafts <= 0:
+            return empty_draft(self.device)
+        shape = TreeShape(max_drafts, self.top_k, max(self.tree_tokens, max_drafts + 1))
+        self._rewind()
+        _, root_probs = self._draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
+        self.cached_valid = self.cached_total  # the whole context is cached now
+        fed: list[int] = []  # tree nodes in the cache after the committed context, in feed order
+
+        def next_logprobs(tree: DraftTree, frontier: list[int]) -> torch.Tensor:
+            allowed = frontier_attention(tree, frontier, fed, self.cached_valid)
+            positions = torch.tensor([self.cached_valid + tree.depths[node] for node in frontier])
+            tokens = torch.tensor([tree.tokens[node] for node in frontier], device=self.device)
+            logits = masked_logits(self.model, tokens, self.cache, allowed, positions)
+            fed.extend(frontier)
+            return torch.log(self._draft_probs(logits, sampling)[1])
+
+        tree = expand_tree(torch.log(root_probs[0]), next_logprobs, shape, depth=max_drafts)
+        self._rewind()
+        return Draft(
+            tokens=torch.tensor(tree.tokens, device=self.device),
+            probs=torch.tensor(tree.probs, device=self.device),
+            parents=torch.tensor(tree.parents),
+        )
+
+    def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
+        """Nothing to keep: the committed context is cached, the tree was dropped."""
+
+
+@register_drafter("model_tree")
+def model_tree_drafter(
+    model: Any = None, vocab_size: int | None = None, top_k: int = 3, tree_tokens: int = 16, **_: object
+) -> TreeModelDrafter:
+    if model is None:
+        raise ValueError("drafter 'model_tree' needs a separate draft model (model.draft_model)")
+    return TreeModelDrafter(model, vocab_size, top_k, tree_tokens)
 
 
 @register_drafter("model")

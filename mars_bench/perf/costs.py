@@ -10,13 +10,14 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.kvcache import cached_logits, crop_to
+from mars_bench.models import input_device
 
 
 @torch.inference_mode()
 def forward_seconds(model: Any, context: int, width: int, repeats: int = 10) -> float:
     """Median seconds of one cached forward of ``width`` new tokens after ``context`` cached ones
     (logits for every new token, as verification needs)."""
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     vocab = model.config.vocab_size
     tokens = torch.randint(0, vocab, (context + width,), generator=torch.Generator().manual_seed(0)).to(device)
     cache = DynamicCache(config=model.config)

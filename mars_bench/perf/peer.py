@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from mars_bench.models import input_device
+
 
 def peer_generation_config(max_new_tokens: int, temperature: float, stop_ids: list[int], pad_id: int) -> GenerationConfig:
     """Plain greedy or pure sampling (no top-k, top-p or repetition penalty: the model's own
@@ -29,7 +31,7 @@ def peer_generate(
     target: Any, prompt: list[int], config: GenerationConfig, assistant: Any = None, seed: int = 0
 ) -> list[int]:
     """New token ids from ``target.generate`` (assisted when ``assistant`` is a model)."""
-    device = target.get_input_embeddings().weight.device
+    device = input_device(target)
     ids = torch.tensor([prompt], device=device)
     torch.manual_seed(seed)
     out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, assistant_model=assistant)

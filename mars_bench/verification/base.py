@@ -69,12 +69,6 @@ class VerifyInput:
                 f"draft_dists must have shape [{n}, {self.target_logits.shape[1]}], got {tuple(self.draft_dists.shape)}"
             )
 
-    def require_chain(self, verifier: str) -> None:
-        """Raise ValueError unless the nodes form a chain (tree verification is not built yet)."""
-        expected = torch.arange(-1, self.num_drafts - 1)
-        if not torch.equal(self.parents.cpu(), expected):
-            raise ValueError(f"verifier {verifier!r} got a tree of drafts; only chains (parents -1, 0, 1, ...) are supported")
-
 
 @dataclass(frozen=True)
 class Decisions:

@@ -1,17 +1,29 @@
-"""Batched tensor pieces shared by the chain verifiers (no Python loop per token).
+"""Batched tensor pieces shared by the verifiers (no Python loop per token or per node).
 
-Every verifier computes, for all N drafted positions at once, whether the draft there
-would be accepted if reached, why, and which token to emit if the path stops there
-(row N holds the bonus token). ``finish`` then takes the longest accepted prefix and
-moves the result to the host in one transfer.
+Row r of ``target_logits`` judges the children of row r's token: the root's children are
+judged by row 0, node i's children by row i + 1 (``TreeLayout.parent_rows``).
+
+Every verifier computes, for all N drafted nodes at once, whether the node would be
+accepted if the walk reached it, and why, and for every row which token to emit if the
+walk stops there. ``finish`` then walks the tree: from each accepted node the walk takes
+the first accepted child (in draft order, or in the verifier's order of preference) and
+stops where no child is accepted. The result goes to the host in one transfer. A chain is
+the tree with one child per node, for which the walk is the longest accepted prefix.
+
+Siblings are tried one after another, so a sampling verifier's test of a sibling assumes
+the earlier siblings were rejected; ``sibling_normalisers`` gives the probability mass left
+after those rejections. Siblings must carry distinct tokens (every tree drafter proposes
+the top-k of a distribution).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
+from mars_bench.trees import ancestor_matrix, node_depths
 from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
 from mars_bench.verification.sampling import sample_rows
 
@@ -29,6 +41,66 @@ class TopTwo:
     def margin(self) -> torch.Tensor:
         """The MARS statistic z2 / z1, as the paper defines it (no guard)."""
         return self.z2 / self.z1
+
+    def at(self, rows: torch.Tensor) -> TopTwo:
+        return TopTwo(self.z1[rows], self.t1[rows], self.z2[rows], self.t2[rows])
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The shape of one step's N drafts; tensors on the verification device.
+
+    parent_rows: LongTensor[N], the target-logits row that judges each node.
+    ancestors: BoolTensor[N, N], [i, j] when node j is node i or one of its ancestors.
+    siblings: BoolTensor[N, N], [i, j] when nodes i and j share a parent (i == j included).
+    depth_tensor: LongTensor[N], ``depths`` on the device.
+    sibling_waves: per sibling rank r >= 1, (nodes of rank r, their previous siblings), as
+        device LongTensors.
+    depths: depth per node (0 for the root's children).
+    has_children: per row (the root's, then each node's).
+    chain: whether the nodes form a chain.
+    """
+
+    parent_rows: torch.Tensor
+    ancestors: torch.Tensor
+    siblings: torch.Tensor
+    depth_tensor: torch.Tensor
+    sibling_waves: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    depths: tuple[int, ...]
+    has_children: tuple[bool, ...]
+    chain: bool
+
+
+@lru_cache(maxsize=256)
+def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
+    """The layout of ``parents`` (cached: a chain's costs nothing after its first step)."""
+    parent_tensor = torch.tensor(parents, dtype=torch.long)
+    rows = [parent + 1 for parent in parents]
+    waves: list[list[tuple[int, int]]] = []  # per rank >= 1: (node, previous sibling)
+    last_child: dict[int, tuple[int, int]] = {}  # row -> (last child, its rank)
+    for node, row in enumerate(rows):
+        if row in last_child:
+            previous, rank = last_child[row]
+            waves += [[] for _ in range(rank + 1 - len(waves))]
+            waves[rank].append((node, previous))
+            last_child[row] = (node, rank + 1)
+        else:
+            last_child[row] = (node, 0)
+    row_tensor = torch.tensor(rows, dtype=torch.long)
+    depths = node_depths(parent_tensor)
+    return TreeLayout(
+        parent_rows=row_tensor.to(device),
+        ancestors=ancestor_matrix(parent_tensor).to(device),
+        siblings=(row_tensor[:, None] == row_tensor[None, :]).to(device),
+        depth_tensor=depths.to(device),
+        sibling_waves=tuple(
+            (torch.tensor([n for n, _ in wave], device=device), torch.tensor([p for _, p in wave], device=device))
+            for wave in waves
+        ),
+        depths=tuple(depths.tolist()),
+        has_children=tuple(row in last_child for row in range(len(parents) + 1)),
+        chain=tuple(parents) == tuple(range(-1, len(parents) - 1)),
+    )
 
 
 PROBLEMS = (
@@ -58,12 +130,19 @@ def input_problems(step: VerifyInput) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What every chain verifier starts from: processed logits [N+1, V], the top-2 of the N
-    drafted rows, and the input checks still on the device."""
+    """What every verifier starts from: processed logits [N+1, V], the top-2 of every row
+    (``rows``) and of the row judging each node (``nodes``), the layout, and the input
+    checks still on the device."""
 
     processed: torch.Tensor
-    top: TopTwo
+    rows: TopTwo
+    nodes: TopTwo
+    layout: TreeLayout
     problems: torch.Tensor
+
+    def parent_rows(self, per_row: torch.Tensor) -> torch.Tensor:
+        """``per_row`` ([N+1, ...]) at the row judging each node ([N, ...])."""
+        return per_row[self.layout.parent_rows]
 
 
 def top_two(processed: torch.Tensor) -> TopTwo:
@@ -80,22 +159,43 @@ def gather_at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return rows.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def residual_rows(target_probs: torch.Tensor, draft_tokens: torch.Tensor, draft_dists: torch.Tensor | None) -> torch.Tensor:
-    """Unnormalised max(0, p - q) per drafted position ([N, V]); falls back to p where it is all zero.
+def sibling_normalisers(p_node: torch.Tensor, q_node: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
+    """FloatTensor[N]: the probability mass left at each node's row once every earlier
+    sibling was rejected, when a rejection of token x with draft probability q lowers p(x) to
+    max(0, p(x) - q * mass) (the strict rule with a one-hot q: q = 1 removes p(x) entirely).
 
-    With ``draft_dists`` None the proposal was deterministic, so q is one-hot at the draft.
+    p_node: p(token) at the row judging each node; q_node: each node's q ([N] each).
+    One small step per sibling rank (at most top-k, no host sync), none for a chain.
+    """
+    mass = torch.ones_like(p_node)
+    for nodes, before in layout.sibling_waves:
+        mass[nodes] = mass[before] - torch.minimum(p_node[before], q_node[before] * mass[before])
+    return mass.clamp(min=0.0)
+
+
+def residual_rows(
+    target_probs: torch.Tensor, draft_tokens: torch.Tensor, draft_dists: torch.Tensor | None, layout: TreeLayout
+) -> torch.Tensor:
+    """Unnormalised correction distribution per row ([N+1, V]): p with every child's draft
+    removed as the strict rule removes it; p itself at a row with no children, and where
+    nothing is left.
+
+    ``draft_dists`` None means deterministic proposals (q one-hot at each draft): the
+    children's tokens get probability 0. With ``draft_dists`` (chains only) a row's residual
+    is max(0, p - q).
     """
     if draft_dists is None:
-        residual = target_probs.scatter(-1, draft_tokens[:, None], 0.0)
+        residual = target_probs.index_put((layout.parent_rows, draft_tokens), torch.zeros((), device=target_probs.device))
     else:
-        residual = (target_probs - draft_dists).clamp_(min=0.0)
+        n = draft_tokens.shape[0]
+        residual = torch.cat([(target_probs[:n] - draft_dists).clamp_(min=0.0), target_probs[n:]])
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     return torch.where(empty, target_probs, residual)
 
 
 @dataclass(frozen=True)
 class StrictOutcome:
-    """The Leviathan / Chen rule per position: accepted[N] and the token to emit at each stop [N+1]."""
+    """The Leviathan / Chen rule per node: accepted[N] and the token to emit at each stop row [N+1]."""
 
     accepted: torch.Tensor
     candidates: torch.Tensor
@@ -105,20 +205,36 @@ def strict_rejection(
     target_probs: torch.Tensor,
     draft_tokens: torch.Tensor,
     draft_dists: torch.Tensor | None,
+    layout: TreeLayout,
     generator: torch.Generator | None,
 ) -> StrictOutcome:
-    """Accept draft i with probability min(1, p_i(x_i) / q_i(x_i)); on reject sample from norm(max(0, p - q)).
+    """Accept a draft x with probability min(1, p(x) / q(x)); on reject sample from the residual.
 
-    target_probs: [N+1, V] processed target probabilities; the bonus row N is sampled from p.
-    Randomness drawn: N uniforms, then one exponential race over [N+1, V].
+    target_probs: [N+1, V] processed target probabilities. A chain's rows use max(0, p - q)
+    with the drafter's ``draft_dists`` when given. Tree drafts are deterministic (q one-hot),
+    the multi-draft rule of SpecInfer: a sibling is tried on p renormalised without the
+    earlier siblings' tokens, and after every child is rejected the correction is sampled
+    from p without them. Randomness drawn: N uniforms, then one exponential race over [N+1, V].
     """
-    n = draft_tokens.shape[0]
-    p_draft = gather_at(target_probs[:n], draft_tokens)
-    q_draft = torch.ones_like(p_draft) if draft_dists is None else gather_at(draft_dists, draft_tokens)
-    uniforms = torch.rand(n, generator=generator, device=target_probs.device)
+    p_draft = gather_at(target_probs[layout.parent_rows], draft_tokens)
+    if draft_dists is None:
+        mass = sibling_normalisers(p_draft, torch.ones_like(p_draft), layout)
+        p_draft, q_draft = p_draft / mass.clamp(min=torch.finfo(mass.dtype).tiny), torch.ones_like(p_draft)
+    else:
+        q_draft = gather_at(draft_dists, draft_tokens)
+    uniforms = torch.rand(draft_tokens.shape[0], generator=generator, device=target_probs.device)
     accepted = uniforms * q_draft < p_draft
-    rows = torch.cat([residual_rows(target_probs[:n], draft_tokens, draft_dists), target_probs[n:]])
-    return StrictOutcome(accepted, sample_rows(rows, generator))
+    return StrictOutcome(accepted, sample_rows(residual_rows(target_probs, draft_tokens, draft_dists, layout), generator))
+
+
+def first_choices(accepted: torch.Tensor, layout: TreeLayout, preferred: torch.Tensor | None = None) -> torch.Tensor:
+    """BoolTensor[N]: the accepted node each row's walk takes: the first accepted sibling in
+    draft order, or the first among the ``preferred`` accepted siblings when there are any."""
+    count = accepted.shape[0]
+    order = torch.arange(count, device=accepted.device)
+    rank = order if preferred is None else order + count * (~preferred).long()
+    beaten = layout.siblings & accepted[None, :] & (rank[None, :] < rank[:, None])
+    return accepted & ~beaten.any(dim=1)
 
 
 def finish(
@@ -126,44 +242,54 @@ def finish(
     reasons: torch.Tensor,
     candidates: torch.Tensor,
     prep: Prepared,
+    preferred: torch.Tensor | None = None,
 ) -> Verdict:
-    """Longest accepted prefix, its correction / bonus token and the decisions, with one host transfer.
+    """Walk the tree, emit the stop row's candidate, and report the decisions, with one host transfer.
 
-    accepted: BoolTensor[N]; reasons: LongTensor[N] (the reason if reached); candidates:
-    LongTensor[N+1]. Raises ValueError, after the transfer, if an input check failed.
+    accepted: BoolTensor[N], whether each node is accepted if reached; reasons: LongTensor[N]
+    (the reason if reached); candidates: LongTensor[N+1], the token to emit per stop row;
+    preferred: BoolTensor[N] or None, nodes taken before their other accepted siblings.
+    Raises ValueError, after the transfer, if an input check failed.
     """
-    top = prep.top
-    n = accepted.shape[0]
-    accepted_len = torch.cumprod(accepted.long(), dim=0).sum().reshape(1) if n else accepted.new_zeros(1, dtype=torch.long)
-    next_token = candidates.gather(0, accepted_len)
+    layout, n = prep.layout, accepted.shape[0]
+    chosen = first_choices(accepted, layout, preferred) if not layout.chain else accepted
+    on_path = ~(layout.ancestors & ~chosen[None, :]).any(dim=1) if n else chosen
+    accepted_len = on_path.sum().reshape(1)
+    deepest = torch.where(on_path, layout.depth_tensor, -1).argmax().reshape(1) if n else accepted_len
+    stop_row = torch.where(accepted_len > 0, deepest + 1, 0)
     packed = torch.cat(
         [
-            accepted_len.double(),
-            next_token.double(),
+            candidates.gather(0, stop_row).double(),
+            on_path.double(),
             reasons.double(),
-            top.z1.double(),
-            top.z2.double(),
+            prep.rows.z1.double(),
+            prep.rows.z2.double(),
             prep.problems.double(),
         ]
     ).cpu()
-    failed = [problem for problem, flag in zip(PROBLEMS, packed[2 + 3 * n :].tolist()) if flag]
+    failed = [problem for problem, flag in zip(PROBLEMS, packed[3 + 4 * n :].tolist()) if flag]
     if failed:
         raise ValueError("invalid verifier input: " + "; ".join(failed))
-    count = int(packed[0])
-    visited = min(count + 1, n)
-    z1 = packed[2 + n : 2 + n + visited].float()
-    z2 = packed[2 + 2 * n : 2 + 2 * n + visited].float()
+    next_token = int(packed[0])
+    path = sorted(torch.nonzero(packed[1 : 1 + n]).flatten().tolist(), key=lambda node: layout.depths[node])
+    stop = path[-1] + 1 if path else 0
+    visited_nodes = path + ([-1] if layout.has_children[stop] else [])  # -1: the rejected depth
+    node_reasons = packed[1 + n : 1 + 2 * n]
+    visited_rows = [0] + [node + 1 for node in path]
+    rows = torch.tensor(visited_rows[: len(visited_nodes)], dtype=torch.long)
+    z1 = packed[1 + 2 * n : 2 + 3 * n].float()[rows]
+    z2 = packed[2 + 3 * n : 3 + 4 * n].float()[rows]
     decisions = Decisions(
-        reasons=packed[2 : 2 + visited].long(),
+        reasons=torch.tensor([int(node_reasons[node]) if node >= 0 else int(Reason.REJECTED) for node in visited_nodes]),
         top1_logit=z1,
         top2_logit=z2,
         margin=z2 / z1,
     )
-    return Verdict(accepted=torch.arange(count), next_token=int(packed[1]), decisions=decisions)
+    return Verdict(accepted=torch.tensor(path, dtype=torch.long), next_token=next_token, decisions=decisions)
 
 
 def reasons_from(accepted: torch.Tensor, accept_reason: torch.Tensor | Reason) -> torch.Tensor:
-    """Reason per position: ``accept_reason`` where accepted, REJECTED elsewhere."""
+    """Reason per node: ``accept_reason`` where accepted, REJECTED elsewhere."""
     rejected = torch.full(accepted.shape, int(Reason.REJECTED), dtype=torch.long, device=accepted.device)
     if isinstance(accept_reason, Reason):
         accept_reason = torch.full_like(rejected, int(accept_reason))

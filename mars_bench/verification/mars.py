@@ -17,6 +17,10 @@ With ``theta=None`` relaxation is off and the rule is exactly ``exact`` (greedy)
 
 Guard for z1 <= 0, where the ratio misbehaves (both logits negative give a ratio >= 1):
 ``never`` (default) never relaxes there; ``gap`` relaxes when z1 - z2 < (1 - theta) * |z1|.
+Trees: the trigger is decided once per row (all children of a node share its logits) and
+the children are tried in draft order; in greedy mode a child equal to t1 is taken before
+a relaxed t2 child, as the paper's rule checks the exact match first.
+
 Not lossless.
 """
 
@@ -27,7 +31,7 @@ import torch
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
 from mars_bench.verification.kernels import Prepared, finish, strict_rejection
 from mars_bench.verification.sampling import probabilities, sample_rows
-from mars_bench.verification.strict import ChainVerifier
+from mars_bench.verification.strict import TreeVerifier
 
 GUARDS = ("never", "gap")
 CORRECTIONS = ("residual", "target")
@@ -58,7 +62,7 @@ def margin_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None, guar
 
 
 @register_verifier("mars")
-class MarsVerifier(ChainVerifier):
+class MarsVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
 
@@ -71,29 +75,27 @@ class MarsVerifier(ChainVerifier):
         return {"name": self.name, "theta": self.theta, "guard": self.guard, "correction": self.correction}
 
     def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
-        processed, top = prep.processed, prep.top
-        drafts = step.draft_tokens
+        top, drafts = prep.nodes, step.draft_tokens
         trigger = margin_trigger(top.z1, top.z2, self.theta, self.guard)
         is_top1, is_top2 = drafts == top.t1, (drafts == top.t2) & (top.t2 != top.t1)
         relaxed = trigger & is_top2
         accepted = is_top1 | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return finish(accepted, reasons, torch.argmax(processed, dim=-1), prep)
+        return finish(accepted, reasons, torch.argmax(prep.processed, dim=-1), prep, preferred=is_top1)
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        processed, top = prep.processed, prep.top
-        n, drafts = step.num_drafts, step.draft_tokens
+        top, drafts = prep.nodes, step.draft_tokens
         trigger = margin_trigger(top.z1, top.z2, self.theta, self.guard)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
-        probs = probabilities(processed, step.sampling)
-        strict = strict_rejection(probs, drafts, step.draft_dists, generator)
+        probs = probabilities(prep.processed, step.sampling)
+        strict = strict_rejection(probs, drafts, step.draft_dists, prep.layout, generator)
         relaxed = trigger & in_top2 & ~strict.accepted
         accepted = strict.accepted | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(strict.accepted, int(Reason.SAMPLED), torch.where(relaxed, int(Reason.RELAXED), rejected))
         candidates = strict.candidates
         if self.correction == "target" and self.theta is not None:
-            from_target = sample_rows(probs[:n], generator)
-            candidates = torch.cat([torch.where(trigger, from_target, candidates[:n]), candidates[n:]])
+            row_trigger = margin_trigger(prep.rows.z1, prep.rows.z2, self.theta, self.guard)
+            candidates = torch.where(row_trigger, sample_rows(probs, generator), candidates)
         return finish(accepted, reasons, candidates, prep)

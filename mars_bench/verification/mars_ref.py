@@ -1,4 +1,4 @@
-"""``mars_ref``: the official MARS code's sampling branch, reproduced for chains.
+"""``mars_ref``: the official MARS code's sampling branch, reproduced for chains and trees.
 
 Follows ``evaluate_posterior`` in the official repository (see reference/mars.md 1.3b):
 the trigger is the raw ratio z2 / (z1 + 1e-10) > theta with no guard; a triggered
@@ -10,6 +10,11 @@ otherwise subtract q from that one coordinate of p, renormalise and sample the n
 from it. After a fully accepted chain the bonus is sampled from p. In greedy mode the
 official code does plain exact matching, and so does this verifier.
 
+Trees follow the official walk: the trigger is decided once per row, children are tried in
+draft order (a triggered row takes the first child in {t1, t2}, even a t2 drafted before
+t1), and each strict rejection lowers p at that child's token before the next sibling is
+tried.
+
 It exists so that the margin effect and the change of q can be measured apart. Not lossless.
 """
 
@@ -18,14 +23,14 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, finish, gather_at
+from mars_bench.verification.kernels import Prepared, finish, gather_at, sibling_normalisers
 from mars_bench.verification.mars import check_theta
 from mars_bench.verification.sampling import probabilities, sample_rows
-from mars_bench.verification.strict import ChainVerifier
+from mars_bench.verification.strict import TreeVerifier
 
 
 @register_verifier("mars_ref")
-class MarsReferenceVerifier(ChainVerifier):
+class MarsReferenceVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
 
@@ -36,18 +41,19 @@ class MarsReferenceVerifier(ChainVerifier):
         return {"name": self.name, "theta": self.theta}
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        processed, top = prep.processed, prep.top
-        n, drafts = step.num_drafts, step.draft_tokens
-        probs = probabilities(processed, step.sampling)
+        top, drafts, layout = prep.nodes, step.draft_tokens, prep.layout
+        probs = probabilities(prep.processed, step.sampling)
         if self.theta is None:
-            trigger = torch.zeros_like(drafts, dtype=torch.bool)
+            row_trigger = torch.zeros_like(prep.rows.z1, dtype=torch.bool)
         else:
-            trigger = (top.z2 / (top.z1 + 1e-10)) > self.theta
+            row_trigger = (prep.rows.z2 / (prep.rows.z1 + 1e-10)) > self.theta
+        trigger = prep.parent_rows(row_trigger)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
-        q = torch.ones(n, device=probs.device) if step.draft_probs is None else step.draft_probs.float()
-        p_draft = gather_at(probs[:n], drafts)
-        uniforms = torch.rand(n, generator=generator, device=probs.device)
-        strict_accept = uniforms <= p_draft / q.clamp(min=1e-10)
+        q = torch.ones_like(drafts, dtype=probs.dtype) if step.draft_probs is None else step.draft_probs.float()
+        p_draft = gather_at(prep.parent_rows(probs), drafts)
+        mass = sibling_normalisers(p_draft, q, layout)
+        uniforms = torch.rand(drafts.shape[0], generator=generator, device=probs.device)
+        strict_accept = uniforms <= p_draft / mass.clamp(min=1e-10) / q.clamp(min=1e-10)
         accepted = torch.where(trigger, in_top2, strict_accept)
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         relaxed_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
@@ -56,8 +62,7 @@ class MarsReferenceVerifier(ChainVerifier):
             torch.where(in_top2, relaxed_reason, rejected),
             torch.where(strict_accept, int(Reason.SAMPLED), rejected),
         )
-        adjusted = probs[:n].scatter(-1, drafts[:, None], (p_draft - q).clamp(min=0.0)[:, None])
-        adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs[:n])
-        correction_rows = torch.where(trigger[:, None], probs[:n], adjusted)
-        candidates = sample_rows(torch.cat([correction_rows, probs[n:]]), generator)
+        adjusted = probs.index_put((layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
+        adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs)
+        candidates = sample_rows(torch.where(row_trigger[:, None], probs, adjusted), generator)
         return finish(accepted, reasons, candidates, prep)

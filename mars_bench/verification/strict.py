@@ -1,4 +1,4 @@
-"""The chain-verifier template and the lossless verifiers ``exact`` and ``rejection``."""
+"""The verifier template (chains and trees) and the lossless verifiers ``exact`` and ``rejection``."""
 
 from __future__ import annotations
 
@@ -7,25 +7,31 @@ from dataclasses import replace
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, Verifier, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, finish, input_problems, reasons_from, strict_rejection, top_two
+from mars_bench.verification.kernels import Prepared, finish, input_problems, reasons_from, strict_rejection, top_two, tree_layout
 from mars_bench.verification.sampling import probabilities, process_logits, sample_rows
 
 
-class ChainVerifier(Verifier):
+class TreeVerifier(Verifier):
     """Validates the step, processes the target logits once, then dispatches on greedy vs sampling.
 
     Subclasses implement ``sampled``; ``greedy`` defaults to exact matching, which is what
-    every shipped rule except ``mars`` does at temperature 0.
+    every shipped rule except ``mars`` does at temperature 0. Both see chains and trees
+    alike (see ``kernels.py``).
     """
 
     def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
         step.check()
-        step.require_chain(self.name)
+        layout = tree_layout(tuple(step.parents.tolist()), str(step.target_logits.device))
+        if step.draft_dists is not None and not layout.chain:
+            raise ValueError(
+                "draft_dists with a tree of drafts is not supported: tree drafters propose deterministically (draft_dists=None)"
+            )
         problems = input_problems(step)
         # Out-of-range drafts are reported by ``finish``; clamping keeps the gathers before it valid.
         step = replace(step, draft_tokens=step.draft_tokens.clamp(0, step.target_logits.shape[-1] - 1))
         processed = process_logits(step.target_logits, step.sampling)  # [N+1, V]
-        prep = Prepared(processed, top_two(processed[: step.num_drafts]), problems)
+        rows = top_two(processed)
+        prep = Prepared(processed, rows, rows.at(layout.parent_rows), layout, problems)
         if step.sampling.greedy:
             return self.greedy(step, prep)
         return self.sampled(step, prep, generator)
@@ -33,7 +39,7 @@ class ChainVerifier(Verifier):
     def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
         """Keep drafts equal to the argmax, emit the argmax after them."""
         choices = torch.argmax(prep.processed, dim=-1)
-        accepted = step.draft_tokens == choices[: step.num_drafts]
+        accepted = step.draft_tokens == prep.parent_rows(choices)
         return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
@@ -41,12 +47,13 @@ class ChainVerifier(Verifier):
 
 
 @register_verifier("exact")
-class ExactVerifier(ChainVerifier):
+class ExactVerifier(TreeVerifier):
     """Keep the longest prefix of drafts equal to the target's own choices.
 
     Greedy: the target argmax at each position. Sampling: one target sample per position
     (from the processed distribution); drafts are kept while they equal those samples and
-    the first sample that differs is emitted. Every emitted token is a target sample, so the
+    the first sample that differs is emitted. In a tree the walk follows the child equal to
+    the argmax (or sample) of its row. Every emitted token is a target sample, so the
     rule is lossless in both modes (greedy up to numerics).
     """
 
@@ -54,22 +61,25 @@ class ExactVerifier(ChainVerifier):
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         choices = sample_rows(probabilities(prep.processed, step.sampling), generator)
-        accepted = step.draft_tokens == choices[: step.num_drafts]
+        accepted = step.draft_tokens == prep.parent_rows(choices)
         return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
 
 
 @register_verifier("rejection")
-class RejectionVerifier(ChainVerifier):
+class RejectionVerifier(TreeVerifier):
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): lossless.
 
     Accept draft x with probability min(1, p(x) / q(x)); on the first reject emit a sample
     from norm(max(0, p - q)); after a fully accepted chain emit a sample from p. With no
-    ``draft_dists`` the proposals are taken as deterministic (q one-hot). In greedy mode p is
-    one-hot at the argmax, so the rule reduces to ``exact``.
+    ``draft_dists`` the proposals are taken as deterministic (q one-hot). Trees: recursive
+    multi-draft rejection (SpecInfer): siblings are tried in draft order, each on p
+    renormalised without the earlier siblings' tokens. In greedy mode p is one-hot at the
+    argmax, so the rule reduces to ``exact``.
     """
 
     lossless = True
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        strict = strict_rejection(probabilities(prep.processed, step.sampling), step.draft_tokens, step.draft_dists, generator)
+        probs = probabilities(prep.processed, step.sampling)
+        strict = strict_rejection(probs, step.draft_tokens, step.draft_dists, prep.layout, generator)
         return finish(strict.accepted, reasons_from(strict.accepted, Reason.SAMPLED), strict.candidates, prep)

@@ -1,7 +1,8 @@
 """Medusa's typical acceptance (Cai et al. 2024): accept a draft whose target probability
 exceeds min(epsilon, delta * exp(-H(p))), H the entropy of the processed target
 distribution p. A reject emits a sample from p; a fully accepted chain a bonus sample from
-p. Greedy mode is ``exact``, as in Medusa. Not lossless.
+p. Trees: the first accepted child in draft order. Greedy mode is ``exact``, as in Medusa.
+Not lossless.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import torch
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
 from mars_bench.verification.kernels import Prepared, finish, gather_at, reasons_from
 from mars_bench.verification.sampling import probabilities, sample_rows
-from mars_bench.verification.strict import ChainVerifier
+from mars_bench.verification.strict import TreeVerifier
 
 
 @register_verifier("typical")
-class TypicalVerifier(ChainVerifier):
+class TypicalVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
 
@@ -29,11 +30,10 @@ class TypicalVerifier(ChainVerifier):
         return {"name": self.name, "epsilon": self.epsilon, "delta": self.delta}
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        processed, top = prep.processed, prep.top
-        n, drafts = step.num_drafts, step.draft_tokens
-        probs = probabilities(processed, step.sampling)
-        entropy = -(probs[:n] * torch.log(probs[:n].clamp(min=1e-30))).sum(-1)
+        top, drafts = prep.nodes, step.draft_tokens
+        probs = probabilities(prep.processed, step.sampling)
+        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)
         threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
-        accepted = gather_at(probs[:n], drafts) > threshold
+        accepted = gather_at(prep.parent_rows(probs), drafts) > prep.parent_rows(threshold)
         accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
         return finish(accepted, reasons_from(accepted, accept_reason), sample_rows(probs, generator), prep)

@@ -1,0 +1,150 @@
+"""Tree drafting: the tree's shape and EAGLE-2 style dynamic expansion.
+
+Trees are given by ``parents`` as described in ``mars_bench/trees.py``, whose structure
+helpers are re-exported here for drafters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from mars_bench.trees import additive_mask, ancestor_matrix, is_chain, node_depths
+
+__all__ = [
+    "DraftTree",
+    "TreeShape",
+    "additive_mask",
+    "ancestor_matrix",
+    "expand_tree",
+    "frontier_attention",
+    "is_chain",
+    "node_depths",
+]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a tree drafter grows its tree each step.
+
+    depth: the most drafted tokens on any path (the tree's depth; ``gamma`` in the config).
+    top_k: children tried per expanded node, and nodes expanded per depth.
+    tree_tokens: the tree's size counted as EAGLE counts it (``total_token``): the root plus
+        every drafted node, so ``tree_tokens - 1`` nodes are drafted.
+    """
+
+    depth: int
+    top_k: int
+    tree_tokens: int
+
+    def __post_init__(self) -> None:
+        for option, value in (("gamma (tree depth)", self.depth), ("drafter.top_k", self.top_k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{option}={value!r} is invalid: allowed is an integer >= 1")
+        if isinstance(self.tree_tokens, bool) or not isinstance(self.tree_tokens, int) or self.tree_tokens - 1 < self.depth:
+            raise ValueError(
+                f"drafter.tree_tokens={self.tree_tokens!r} is invalid for depth {self.depth}: allowed is an integer >= "
+                f"depth + 1 = {self.depth + 1} (the root plus at least one node per depth)"
+            )
+
+    @property
+    def nodes(self) -> int:
+        return self.tree_tokens - 1
+
+
+@dataclass
+class DraftTree:
+    """A tree grown node by node. Lists, indexed by node creation order (parents first).
+
+    tokens: token id per node; parents: parent node (-1 for the root's children);
+    scores: log-probability of the path from the root to the node under the drafter;
+    probs: the drafter's probability of the node's token given its parent (q).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, score: float, prob: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.scores.append(score)
+        self.probs.append(prob)
+        self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def best(self, count: int) -> DraftTree:
+        """The ``count`` highest-scoring nodes, renumbered in creation order.
+
+        A child's score never exceeds its parent's (log-probabilities are <= 0) and a stable
+        sort keeps a parent before an equal-scoring child, so the kept set contains every
+        kept node's ancestors.
+        """
+        order = sorted(range(len(self)), key=lambda node: -self.scores[node])[:count]
+        kept = sorted(order)
+        renumber = {old: new for new, old in enumerate(kept)}
+        tree = DraftTree()
+        for old in kept:
+            parent = self.parents[old]
+            tree.add(self.tokens[old], renumber[parent] if parent >= 0 else -1, self.scores[old], self.probs[old])
+        return tree
+
+
+def frontier_attention(tree: DraftTree, frontier: list[int], fed: list[int], committed: int) -> torch.Tensor:
+    """BoolTensor[len(frontier), committed + len(fed) + len(frontier)]: what each frontier node
+    may attend to when fed after ``committed`` cached context positions and the tree nodes
+    ``fed`` earlier (in that cache order): the whole context, its ancestors among ``fed``,
+    and itself."""
+    slot = {node: index for index, node in enumerate(fed)}
+    allowed = torch.zeros(len(frontier), committed + len(fed) + len(frontier), dtype=torch.bool)
+    allowed[:, :committed] = True
+    for row, node in enumerate(frontier):
+        allowed[row, committed + len(fed) + row] = True
+        ancestor = tree.parents[node]
+        while ancestor >= 0:
+            allowed[row, committed + slot[ancestor]] = True
+            ancestor = tree.parents[ancestor]
+    return allowed
+
+
+NextLogprobs = Callable[[DraftTree, list[int]], torch.Tensor]
+
+
+def expand_tree(root_logprobs: torch.Tensor, next_logprobs: NextLogprobs, shape: TreeShape, depth: int) -> DraftTree:
+    """Grow a tree the way EAGLE-2 does, then keep its best ``shape.nodes`` nodes.
+
+    root_logprobs: FloatTensor[V], the drafter's log-probabilities after the committed context.
+    next_logprobs(tree, frontier): FloatTensor[len(frontier), V], the drafter's log-probabilities
+        after each frontier node (node ids into ``tree``); one drafter forward per call.
+    depth: this step's depth (at most ``shape.depth``; less near the token budget).
+    Every expanded node adds its ``top_k`` most likely children to the tree; of the children
+    added at one depth, the ``top_k`` with the highest path log-probability are expanded
+    next. ``depth - 1`` calls of ``next_logprobs`` in all (so ``depth`` drafter forwards per
+    step, as for a chain of ``depth`` drafts). EAGLE's ``depth`` setting counts levels after
+    the first, so its depth 6 is depth 7 here.
+    """
+    tree = DraftTree()
+    values, tokens = (t.cpu() for t in torch.topk(root_logprobs.float(), min(shape.top_k, root_logprobs.shape[-1])))
+    frontier = [tree.add(t, -1, v, math.exp(v)) for v, t in zip(values.tolist(), tokens.tolist())]
+    for _ in range(depth - 1):
+        logprobs = next_logprobs(tree, frontier).float()
+        child_values, child_tokens = (t.cpu() for t in torch.topk(logprobs, min(shape.top_k, logprobs.shape[-1]), dim=-1))
+        totals = torch.tensor([tree.scores[node] for node in frontier])[:, None] + child_values
+        children = [
+            tree.add(token, frontier[row], total, math.exp(value))
+            for row, (row_tokens, row_totals, row_values) in enumerate(
+                zip(child_tokens.tolist(), totals.tolist(), child_values.tolist())
+            )
+            for token, total, value in zip(row_tokens, row_totals, row_values)
+        ]
+        best = torch.topk(totals.flatten(), min(shape.top_k, totals.numel())).indices.tolist()
+        frontier = [children[index] for index in sorted(best)]
+    return tree.best(shape.nodes)

@@ -1,0 +1,46 @@
+"""Tree structure shared by drafting, the engine and the verifiers.
+
+A tree of N drafted nodes is given by ``parents`` (LongTensor[N] on the CPU): the index of
+each node's parent, -1 for a child of the root (the last committed token), in topological
+order (every parent before its children). A chain is the tree with parents [-1, 0, 1, ...].
+Depth 0 is a child of the root.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def is_chain(parents: torch.Tensor) -> bool:
+    return torch.equal(parents.cpu(), torch.arange(-1, parents.shape[0] - 1))
+
+
+def node_depths(parents: torch.Tensor) -> torch.Tensor:
+    """LongTensor[N]: 0 for a child of the root, parent's depth + 1 otherwise."""
+    depths = torch.zeros(parents.shape[0], dtype=torch.long)
+    for index, parent in enumerate(parents.tolist()):
+        if parent >= index:
+            raise ValueError(f"parents[{index}]={parent} is invalid: allowed is -1 or an index below {index} (topological order)")
+        depths[index] = 0 if parent < 0 else depths[parent] + 1
+    return depths
+
+
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """BoolTensor[N, N]: [i, j] is True when node j is node i or one of its ancestors."""
+    count = parents.shape[0]
+    matrix = torch.eye(count, dtype=torch.bool)
+    for index, parent in enumerate(parents.tolist()):
+        if parent >= 0:
+            matrix[index] |= matrix[parent]
+    return matrix
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """The 4D attention mask [1, 1, q, kv] a transformers model takes for ``allowed`` [q, kv].
+
+    Additive, in the model's dtype (0 = attend, dtype min = blocked): a bool 4D mask is
+    silently ignored by eager attention (see reference/transformers-5.md).
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+    return mask[None, None]

@@ -1,0 +1,24 @@
+"""The GPU tree check (benchmarks/gpu_tree_check.py) runs end to end on its small config."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tree_check.py"
+
+
+def test_the_tiny_check_reports_every_measurement(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_tree_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--tiny", "--prefix", "16", "--repeats", "1", "--new-tokens", "4", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_tree_check.json").read_text())
+    assert report["exact_check"] == {"prompts": 3, "identical": 3}
+    measured = report["measured"]
+    assert 1 <= measured["tree_nodes"] <= 49
+    verifiers = ("exact", "mars", "mars_ref", "rejection", "typical")
+    assert set(measured["verify_tree_ms"]) == {f"{name}_{t}" for name in verifiers for t in ("t0", "t1")}
+    assert measured["decode"]["mars_eagle3_tree"]["new_tokens"] == 4
+    assert "| target forward, 1 token |" in (tmp_path / "gpu_tree_check.md").read_text()
