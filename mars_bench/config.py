@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import check_drafter_name
-from mars_bench.drafting.model import check_min_confidence
+from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS, check_min_confidence
 from mars_bench.drafting.tree import TreeShape
 from mars_bench.models import PLANNED_MAPS, normalise_max_memory, parse_dtype
 from mars_bench.verification import get_verifier
@@ -154,7 +154,7 @@ def check_run_config(cfg: Any) -> None:
             f"model.max_memory is set but model.device_map={cfg.model.device_map!r} plans nothing: "
             f"allowed are {', '.join(PLANNED_MAPS)}"
         )
-    if cfg.drafter.name in ("model", "model_tree") and not cfg.model.draft_model:
+    if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS and not cfg.model.draft_model:
         raise ValueError(
             f"drafter={cfg.drafter.name} needs model.draft_model, which model={cfg.model.name} does not set: "
             "use drafter=layerskip or lookup"

@@ -19,6 +19,7 @@ from lm_eval.api.registry import register_model
 
 from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
+from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.verification import get_verifier
 
@@ -57,9 +58,9 @@ class MarsBenchLM(LM):
 
     def _drafter(self, name: str, draft_model: str | None, dtype: str, layers: int | None) -> Any:
         small = None
-        if name == "model":
+        if name in SEPARATE_MODEL_DRAFTERS:
             if not draft_model:
-                raise ValueError("drafter=model needs draft_model=<Hub id or folder>")
+                raise ValueError(f"drafter={name} needs draft_model=<Hub id or folder>")
             small = load_model(draft_model, dtype=dtype)
             check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
         return drafter_for(

@@ -122,6 +122,19 @@ def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
     assert "max_new_tokens: 12" in (out / "config.yaml").read_text()
 
 
+def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path):
+    out = tmp_path / "tree"
+    smol = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    result = app(*FAST, "drafter=model_tree", f"model.draft_model={smol}", "temperature=0", "verifier=exact",
+                 "model.dtype=float32", f"output_dir={out}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(read_rows(out / "records.jsonl"))
+    assert [row["status"] for row in rows] == ["ok"] * 4
+    assert all(row["agreement"] == 1.0 and row["tau"] > 1 for row in rows if row["method"] == "exact")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["methods"]["exact"]["drafter"] == {"name": "model_tree", "top_k": 3, "tree_tokens": 16}
+
+
 def test_a_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
     out = tmp_path / "run"
     records = out / "records.jsonl"

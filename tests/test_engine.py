@@ -185,7 +185,8 @@ def test_bad_decode_settings_fail_before_any_forward(target, kwargs, message):
 
 
 def test_unknown_drafter_names_are_refused():
-    with pytest.raises(ValueError, match="unknown drafter 'medusa': allowed are layerskip, lookup, model, none"):
+    allowed = "eagle3, layerskip, lookup, model, model_tree, none"
+    with pytest.raises(ValueError, match=f"unknown drafter 'medusa': allowed are {allowed}"):
         build_drafter("medusa")
 
 

@@ -20,6 +20,7 @@ from mars_bench.config import check_run_config, shadow_verifiers, verifier_param
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.drafting import drafter_for
+from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
@@ -57,7 +58,7 @@ def load_models(cfg: Any) -> dict[str, LoadedModel]:
     memory = tuple(sorted(((str(k), v) for k, v in m.max_memory.items()), key=str)) if m.max_memory else None
     offload_folder = getattr(m, "offload_folder", None)
     models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory, offload_folder)}
-    if cfg.drafter.name == "model":
+    if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS:
         # Unsharded targets keep the default device; sharded ones get the drafter beside their first device.
         place = str(drafter_device(models["target"].model)) if m.device_map else None
         models["drafter"] = cached_model(m.draft_model, m.dtype, place, m.attn_implementation, None)
@@ -72,7 +73,7 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
         "cell": name,
         "model": model.name,
         "target": model.target,
-        "draft_model": model.draft_model if cfg.drafter.name == "model" else None,
+        "draft_model": model.draft_model if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS else None,
         "drafter": cfg.drafter.name,
         "gamma": cfg.drafter.gamma,
         "verifier": verifier_name,

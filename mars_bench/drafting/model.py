@@ -13,6 +13,8 @@ from mars_bench.kvcache import cached_logits, crop_to, masked_logits
 from mars_bench.models import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
+SEPARATE_MODEL_DRAFTERS = ("model", "model_tree")  # the drafters that need model.draft_model
+
 
 def check_min_confidence(value: float | None) -> None:
     if value is not None and not 0 < value < 1:
