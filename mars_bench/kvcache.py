@@ -30,10 +30,23 @@ def keep_positions(cache: Any, positions: torch.Tensor) -> None:
         layer.values = layer.values.index_select(-2, index)
 
 
+TREE_ATTENTION = ("eager", "sdpa")  # the attention implementations that apply a 4D additive mask as given
+
+
+def check_tree_attention(model: Any) -> None:
+    """Raise ValueError unless ``model`` attends with an implementation that honours a tree mask."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in TREE_ATTENTION:
+        raise ValueError(
+            f"attn_implementation={implementation!r} cannot verify or draft trees: allowed are {', '.join(TREE_ATTENTION)}"
+        )
+
+
 def masked_logits(model: Any, tokens: torch.Tensor, cache: Any, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Logits [n, V] for ``tokens`` (LongTensor[n]) appended to ``cache`` when token i may
     attend to the cached and new positions where ``allowed[i]`` ([n, cached + n], bool) is
     True, at position ids ``positions`` (LongTensor[n])."""
+    check_tree_attention(model)
     device = input_device(model)
     mask = additive_mask(allowed, model.get_input_embeddings().weight.dtype, device)
     out = model(input_ids=tokens[None].to(device), attention_mask=mask, position_ids=positions[None].to(device), cache=cache)
@@ -77,6 +90,7 @@ def cached_forward(
     keep = torch.tensor([tokens.shape[0] - 1], device=device) if last_only else 0
     extra: dict[str, Any] = {}
     if parents is not None:
+        check_tree_attention(model)
         dtype = model.get_input_embeddings().weight.dtype
         extra["attention_mask"], extra["position_ids"] = tree_block(parents, cache.get_seq_length(), dtype, device)
     if hidden_layers:

@@ -146,6 +146,23 @@ def test_tree_drafts_with_sampled_distributions_are_refused():
         get_verifier("rejection").verify(tree)
 
 
+def test_siblings_with_the_same_token_are_refused():
+    with pytest.raises(ValueError, match="two siblings carry the same token"):
+        get_verifier("rejection").verify(step([1, 1], [-1, -1], [[0.0] * 4] * 3, SAMPLE))
+
+
+def test_trees_need_an_attention_that_applies_the_4d_mask():
+    from types import SimpleNamespace
+
+    from mars_bench.kvcache import check_tree_attention
+
+    for implementation in ("eager", "sdpa"):
+        check_tree_attention(SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation)))
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(ValueError, match="attn_implementation='flash_attention_2' cannot verify or draft trees"):
+        check_tree_attention(flash)
+
+
 def test_parents_out_of_topological_order_are_refused():
     with pytest.raises(ValueError, match=r"parents\[0\]=1 is invalid"):
         get_verifier("exact").verify(step([1, 2], [1, -1], [[0.0] * 4] * 3))

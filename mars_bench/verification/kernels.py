@@ -56,6 +56,7 @@ class TreeLayout:
     depth_tensor: LongTensor[N], ``depths`` on the device.
     sibling_waves: per sibling rank r >= 1, (nodes of rank r, their previous siblings), as
         device LongTensors.
+    judging_rows: LongTensor, the rows that have children (ascending).
     depths: depth per node (0 for the root's children).
     has_children: per row (the root's, then each node's).
     chain: whether the nodes form a chain.
@@ -66,6 +67,7 @@ class TreeLayout:
     siblings: torch.Tensor
     depth_tensor: torch.Tensor
     sibling_waves: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    judging_rows: torch.Tensor
     depths: tuple[int, ...]
     has_children: tuple[bool, ...]
     chain: bool
@@ -97,6 +99,7 @@ def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
             (torch.tensor([n for n, _ in wave], device=device), torch.tensor([p for _, p in wave], device=device))
             for wave in waves
         ),
+        judging_rows=torch.tensor(sorted(last_child), dtype=torch.long, device=device),
         depths=tuple(depths.tolist()),
         has_children=tuple(row in last_child for row in range(len(parents) + 1)),
         chain=tuple(parents) == tuple(range(-1, len(parents) - 1)),
@@ -110,10 +113,11 @@ PROBLEMS = (
     "a draft token is outside the vocabulary",
     "draft_probs are not probabilities in [0, 1]",
     "draft_dists are not non-negative distributions",
+    "two siblings carry the same token",
 )
 
 
-def input_problems(step: VerifyInput) -> torch.Tensor:
+def input_problems(step: VerifyInput, layout: TreeLayout) -> torch.Tensor:
     """BoolTensor[len(PROBLEMS)] on the device: which input checks fail (no host sync)."""
     logits, drafts = step.target_logits, step.draft_tokens
     none = torch.zeros((), dtype=torch.bool, device=logits.device)
@@ -124,6 +128,7 @@ def input_problems(step: VerifyInput) -> torch.Tensor:
         ((drafts < 0) | (drafts >= logits.shape[-1])).any() if drafts.numel() else none,
         none if step.draft_probs is None else ~((step.draft_probs >= 0) & (step.draft_probs <= 1 + 1e-4)).all(),
         none if step.draft_dists is None else ~(step.draft_dists >= 0).all(),
+        none if layout.chain else (layout.siblings & (drafts[:, None] == drafts[None, :])).sum() > drafts.shape[0],
     ]
     return torch.stack([flag.to(logits.device) for flag in flags])
 

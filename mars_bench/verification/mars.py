@@ -96,6 +96,8 @@ class MarsVerifier(TreeVerifier):
         reasons = torch.where(strict.accepted, int(Reason.SAMPLED), torch.where(relaxed, int(Reason.RELAXED), rejected))
         candidates = strict.candidates
         if self.correction == "target" and self.theta is not None:
-            row_trigger = margin_trigger(prep.rows.z1, prep.rows.z2, self.theta, self.guard)
-            candidates = torch.where(row_trigger, sample_rows(probs, generator), candidates)
+            rows = prep.layout.judging_rows  # a leaf row's bonus stays the strict sample from p
+            row_trigger = margin_trigger(prep.rows.z1[rows], prep.rows.z2[rows], self.theta, self.guard)
+            from_target = sample_rows(probs[rows], generator)
+            candidates = candidates.index_put((rows,), torch.where(row_trigger, from_target, candidates[rows]))
         return finish(accepted, reasons, candidates, prep)

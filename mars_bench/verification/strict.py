@@ -26,7 +26,7 @@ class TreeVerifier(Verifier):
             raise ValueError(
                 "draft_dists with a tree of drafts is not supported: tree drafters propose deterministically (draft_dists=None)"
             )
-        problems = input_problems(step)
+        problems = input_problems(step, layout)
         # Out-of-range drafts are reported by ``finish``; clamping keeps the gathers before it valid.
         step = replace(step, draft_tokens=step.draft_tokens.clamp(0, step.target_logits.shape[-1] - 1))
         processed = process_logits(step.target_logits, step.sampling)  # [N+1, V]
