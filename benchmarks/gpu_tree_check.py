@@ -35,6 +35,7 @@ from mars_bench.decoding.engine import block_parents
 from mars_bench.drafting.eagle3 import Eagle3Drafter, eagle3_head_from_state, random_head_state
 from mars_bench.kvcache import cached_forward, crop_to
 from mars_bench.models import steady_attention_kernels
+from mars_bench.trees import node_depths
 from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
@@ -142,7 +143,7 @@ def measure(shape: dict[str, Any], device: torch.device, prefix: int, repeats: i
     tree_block = torch.cat([root, draft.tokens])
     results: dict[str, Any] = {
         "tree_nodes": len(draft),
-        "tree_depth": int(tree_parents.shape[0] and max(_depths(draft.parents)) + 1),
+        "tree_depth": int(node_depths(draft.parents).max()) + 1,
         "target_1_token_ms": median_ms(lambda: target_forward(root), clock, repeats),
         "target_chain_7_tokens_ms": median_ms(lambda: target_forward(torch.cat([root, chain])), clock, repeats),
         "target_tree_ms": median_ms(lambda: target_forward(tree_block, tree_parents), clock, repeats),
@@ -185,13 +186,6 @@ def greedy_vs_generate(target: Any, prompt: list[int], new_tokens: int, clock: C
         "generate_tokens_per_s": new_tokens / statistics.median(times["generate"]),
         "same_tokens": same,
     }
-
-
-def _depths(parents: torch.Tensor) -> list[int]:
-    depths: list[int] = []
-    for parent in parents.tolist():
-        depths.append(0 if parent < 0 else depths[parent] + 1)
-    return depths
 
 
 def profile_decode(target: Any, drafter: Eagle3Drafter, prompt: list[int], new_tokens: int) -> dict[str, Any]:

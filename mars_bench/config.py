@@ -17,7 +17,7 @@ from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import check_drafter_name
 from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS, check_min_confidence
 from mars_bench.drafting.tree import TreeShape
-from mars_bench.models import PLANNED_MAPS, normalise_max_memory, parse_dtype
+from mars_bench.models import check_memory_budget, parse_dtype
 from mars_bench.verification import get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
@@ -148,12 +148,7 @@ def check_run_config(cfg: Any) -> None:
     if cfg.drafter.length == "confidence":
         check_min_confidence(cfg.drafter.min_confidence)
     parse_dtype(cfg.model.dtype)
-    normalise_max_memory(cfg.model.max_memory)
-    if cfg.model.max_memory is not None and cfg.model.device_map not in PLANNED_MAPS:
-        raise ValueError(
-            f"model.max_memory is set but model.device_map={cfg.model.device_map!r} plans nothing: "
-            f"allowed are {', '.join(PLANNED_MAPS)}"
-        )
+    check_memory_budget(cfg.model.device_map, cfg.model.max_memory)
     if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS and not cfg.model.draft_model:
         raise ValueError(
             f"drafter={cfg.drafter.name} needs model.draft_model, which model={cfg.model.name} does not set: "

@@ -42,27 +42,16 @@ def check_tree_attention(model: Any) -> None:
         )
 
 
-def masked_logits(model: Any, tokens: torch.Tensor, cache: Any, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Logits [n, V] for ``tokens`` (LongTensor[n]) appended to ``cache`` when token i may
-    attend to the cached and new positions where ``allowed[i]`` ([n, cached + n], bool) is
-    True, at position ids ``positions`` (LongTensor[n])."""
-    check_tree_attention(model)
-    device = input_device(model)
-    mask = additive_mask(allowed, model.get_input_embeddings().weight.dtype, device)
-    out = model(input_ids=tokens[None].to(device), attention_mask=mask, position_ids=positions[None].to(device), cache=cache)
-    return out.logits[0]
-
-
-def tree_block(parents: torch.Tensor, past_len: int, dtype: torch.dtype, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 4D additive attention mask [1, 1, n, past_len + n] and position ids [1, n] for a
-    block of n new tokens laid out as a tree over ``past_len`` cached ones.
+def tree_attention(parents: torch.Tensor, past_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each of n new tokens laid out as a tree over ``past_len`` cached ones may attend
+    to (BoolTensor[n, past_len + n]: the whole prefix, its ancestors and itself) and its
+    position id (LongTensor[n]: past_len + depth).
 
     parents: LongTensor[n] on the CPU, each token's parent within the block, -1 for a token
-    that follows the cached prefix directly (every token sees the whole prefix).
+    that follows the cached prefix directly.
     """
     allowed = torch.cat([torch.ones(parents.shape[0], past_len, dtype=torch.bool), ancestor_matrix(parents)], dim=1)
-    positions = (past_len + node_depths(parents))[None].to(device)
-    return additive_mask(allowed, dtype, device), positions
+    return allowed, past_len + node_depths(parents)
 
 
 def cached_forward(
@@ -72,14 +61,17 @@ def cached_forward(
     *,
     last_only: bool = False,
     parents: torch.Tensor | None = None,
+    attention: tuple[torch.Tensor, torch.Tensor] | None = None,
     hidden_layers: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits [n, V] for ``tokens`` (LongTensor[n]) appended to ``cache`` ([1, V] if
     ``last_only``), and the ``hidden_layers`` entries of the model's hidden states for the
     new tokens concatenated along the hidden axis ([n, len * hidden]; None if none asked).
 
-    parents: None for a chain; else the tokens' tree within the block (see ``tree_block``),
+    parents: None for a chain; else the tokens' tree within the block (see ``tree_attention``),
     run in one forward with a 4D mask and per-node positions.
+    attention: (allowed [n, cached + n] bool, positions [n]) for any other layout, such as a
+    tree drafter's frontier over the nodes it fed earlier.
 
     ``last_only`` passes the last index as a tensor: an integer ``logits_to_keep`` slices a
     non-contiguous view of the hidden states, which sends the head's matmul down a batched
@@ -90,9 +82,12 @@ def cached_forward(
     keep = torch.tensor([tokens.shape[0] - 1], device=device) if last_only else 0
     extra: dict[str, Any] = {}
     if parents is not None:
+        attention = tree_attention(parents, cache.get_seq_length())
+    if attention is not None:
         check_tree_attention(model)
-        dtype = model.get_input_embeddings().weight.dtype
-        extra["attention_mask"], extra["position_ids"] = tree_block(parents, cache.get_seq_length(), dtype, device)
+        allowed, positions = attention
+        extra["attention_mask"] = additive_mask(allowed, model.get_input_embeddings().weight.dtype, device)
+        extra["position_ids"] = positions[None].to(device)
     if hidden_layers:
         extra["output_hidden_states"] = list(hidden_layers)
     out = model(input_ids=tokens[None].to(device), cache=cache, use_cache=True, logits_to_keep=keep, **extra)

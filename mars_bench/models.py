@@ -17,8 +17,9 @@ Anything else raises one ValueError line naming the model, its size in GiB, the 
 plan had, and what is allowed. For a Hub id the config (one small file) is fetched before
 any weights, so an impossible plan fails before a download of hundreds of GB.
 
-Drafter placement: a separate draft model or a draft head goes on the device of the target's
-input embeddings (its first device): ``drafter_device`` / ``place_drafter``. The drafter's
+Drafter placement: a separate draft model goes on the device of the target's input
+embeddings (its first device): ``drafter_device``; an EAGLE-3 head goes beside the target's
+output head (``output_device``), as EAGLE places it. The drafter's
 tokens feed that embedding, the engine's sampling generator lives on that device (a drafter
 that samples must draw from it), and accelerate's top-level hook returns the target's logits
 to the input's device, so drafting and verification need no cross-device copy per step;
@@ -308,13 +309,6 @@ def drafter_device(target: Any) -> torch.device:
     return input_device(target)
 
 
-def place_drafter(module: Any, target: Any) -> Any:
-    """Move ``module`` (a draft model or draft head, an nn.Module) to ``drafter_device(target)``
-    and return it. For a draft model loaded by ``load_model``, rather pass
-    ``device_map=str(drafter_device(target))`` so its weights load straight there."""
-    return module.to(drafter_device(target))
-
-
 def placement(model: Any) -> dict[str, Any]:
     """Where ``model`` lives, for manifests: the device_map (module -> place) when sharded,
     the input / output devices, and the places that hold offloaded weights."""
@@ -353,6 +347,17 @@ class LoadedModel:
         return input_device(self.model)
 
 
+def check_memory_budget(device_map: Any, max_memory: dict | None) -> dict | None:
+    """``max_memory`` normalised (``normalise_max_memory``); a ValueError when it is given to a
+    ``device_map`` that plans nothing."""
+    memory = normalise_max_memory(max_memory)
+    if memory is not None and device_map not in PLANNED_MAPS:
+        raise ValueError(
+            f"model.max_memory is set but device_map={device_map!r}: allowed with max_memory are {', '.join(PLANNED_MAPS)}"
+        )
+    return memory
+
+
 def steady_attention_kernels(model: Any) -> None:
     """On CUDA, turn off PyTorch's cuDNN attention backend (SDPA then uses flash or
     memory-efficient attention).
@@ -383,12 +388,8 @@ def load_model(
     offload_folder: where disk-offloaded weights go (giving one allows disk offload).
     """
     torch_dtype = parse_dtype(dtype)
-    memory = normalise_max_memory(max_memory)
+    memory = check_memory_budget(device_map, max_memory)
     folder = None if offload_folder is None else str(offload_folder)
-    if memory is not None and device_map not in PLANNED_MAPS:
-        raise ValueError(
-            f"model.max_memory is set but device_map={device_map!r}: allowed with max_memory are {', '.join(PLANNED_MAPS)}"
-        )
     plan = None
     if device_map in PLANNED_MAPS:
         config = _config_before_weights(name)

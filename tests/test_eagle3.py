@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from mars_bench import decode
 from mars_bench.drafting.eagle3 import Eagle3Drafter, eagle3_drafter, eagle3_hidden_layers, load_eagle3_head, random_head_state
-from mars_bench.drafting.tree import node_depths
+from mars_bench.trees import node_depths
 from mars_bench.verification.sampling import SamplingParams
 
 VOCAB, DRAFT_VOCAB, HIDDEN = 96, 40, 64

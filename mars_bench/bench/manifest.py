@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.models import drafter_device, input_device
-from mars_bench.models import placement as model_placement
+from mars_bench.models import drafter_device, input_device, placement
 
 PACKAGES = ("mars-bench", "torch", "transformers", "accelerate", "hydra-core", "safetensors", "gguf", "datasets", "numpy")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -72,12 +71,6 @@ def gpu_description() -> list[dict[str, Any]]:
         {"name": torch.cuda.get_device_name(i), "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
         for i in range(torch.cuda.device_count())
     ]
-
-
-def placement(model: Any) -> dict[str, Any]:
-    """Where ``model`` lives: its device_map (module -> place) when sharded, else None, and its
-    input / output devices and offloaded modules (see ``mars_bench.models.placement``)."""
-    return model_placement(model)
 
 
 def model_record(role: str, loaded: Any, models: dict[str, Any]) -> dict[str, Any]:

@@ -84,8 +84,8 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb, repeat_kv
 
 from mars_bench.drafting.base import Draft, Drafter, empty_draft, register_drafter
-from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_attention
-from mars_bench.models import input_device
+from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_block
+from mars_bench.models import input_device, output_device
 from mars_bench.verification.sampling import SamplingParams
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")  # optional only when draft_vocab_size == vocab_size
@@ -459,7 +459,7 @@ def eagle3_head_from_state(
     if dtype is None:
         dtype = target.dtype
     if device is None:
-        device = target.get_output_embeddings().weight.device
+        device = output_device(target)
     head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
     head.refresh_vocab_map()
     return head
@@ -593,12 +593,10 @@ class Eagle3Drafter(Drafter):
 
         def next_logprobs(tree: DraftTree, frontier: list[int]) -> torch.Tensor:
             grown[:] = [tree]
-            allowed = frontier_attention(tree, frontier, fed, committed)
+            tokens, positions, allowed = frontier_block(tree, frontier, fed, committed)
             device = head.fc.weight.device
             hidden_in = torch.stack([root_hidden if tree.parents[n] < 0 else outputs[tree.parents[n]][1] for n in frontier])
-            tokens = torch.tensor([tree.tokens[n] for n in frontier], device=device)
-            positions = torch.tensor([committed + tree.depths[n] for n in frontier], device=device)
-            logits, hidden = head(tokens, hidden_in, positions, allowed)
+            logits, hidden = head(tokens.to(device), hidden_in, positions.to(device), allowed)
             for row, node in enumerate(frontier):
                 outputs[node] = (logits[row], hidden[row])
             fed.extend(frontier)

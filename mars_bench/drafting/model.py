@@ -8,8 +8,8 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.drafting.base import Draft, Drafter, empty_draft, register_drafter
-from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_attention
-from mars_bench.kvcache import cached_logits, crop_to, masked_logits
+from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_block
+from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.models import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
@@ -151,10 +151,8 @@ class TreeModelDrafter(ModelDrafter):
         fed: list[int] = []  # tree nodes in the cache after the committed context, in feed order
 
         def next_logprobs(tree: DraftTree, frontier: list[int]) -> torch.Tensor:
-            allowed = frontier_attention(tree, frontier, fed, self.cached_valid)
-            positions = torch.tensor([self.cached_valid + tree.depths[node] for node in frontier])
-            tokens = torch.tensor([tree.tokens[node] for node in frontier], device=self.device)
-            logits = masked_logits(self.model, tokens, self.cache, allowed, positions)
+            tokens, positions, allowed = frontier_block(tree, frontier, fed, self.cached_valid)
+            logits, _ = cached_forward(self.model, tokens, self.cache, attention=(allowed, positions))
             fed.extend(frontier)
             return torch.log(self._draft_probs(logits, sampling)[1])
 

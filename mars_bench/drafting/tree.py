@@ -1,7 +1,6 @@
 """Tree drafting: the tree's shape and EAGLE-2 style dynamic expansion.
 
-Trees are given by ``parents`` as described in ``mars_bench/trees.py``, whose structure
-helpers are re-exported here for drafters.
+Trees are given by ``parents`` as described in ``mars_bench/trees.py``.
 """
 
 from __future__ import annotations
@@ -11,19 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from mars_bench.trees import additive_mask, ancestor_matrix, is_chain, node_depths
-
-__all__ = [
-    "DraftTree",
-    "TreeShape",
-    "additive_mask",
-    "ancestor_matrix",
-    "expand_tree",
-    "frontier_attention",
-    "is_chain",
-    "node_depths",
-]
 
 
 @dataclass(frozen=True)
@@ -98,11 +84,16 @@ class DraftTree:
         return tree
 
 
-def frontier_attention(tree: DraftTree, frontier: list[int], fed: list[int], committed: int) -> torch.Tensor:
-    """BoolTensor[len(frontier), committed + len(fed) + len(frontier)]: what each frontier node
-    may attend to when fed after ``committed`` cached context positions and the tree nodes
-    ``fed`` earlier (in that cache order): the whole context, its ancestors among ``fed``,
-    and itself."""
+def frontier_block(
+    tree: DraftTree, frontier: list[int], fed: list[int], committed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a drafter feeds for the ``frontier`` nodes after ``committed`` cached context
+    positions and the tree nodes ``fed`` earlier (in that cache order), on the CPU: their
+    tokens and position ids (LongTensor[F] each; position = committed + depth) and what each
+    may attend to (BoolTensor[F, committed + len(fed) + F]): the whole context, its ancestors
+    among ``fed``, and itself."""
+    tokens = torch.tensor([tree.tokens[node] for node in frontier])
+    positions = torch.tensor([committed + tree.depths[node] for node in frontier])
     slot = {node: index for index, node in enumerate(fed)}
     allowed = torch.zeros(len(frontier), committed + len(fed) + len(frontier), dtype=torch.bool)
     allowed[:, :committed] = True
@@ -112,7 +103,7 @@ def frontier_attention(tree: DraftTree, frontier: list[int], fed: list[int], com
         while ancestor >= 0:
             allowed[row, committed + slot[ancestor]] = True
             ancestor = tree.parents[ancestor]
-    return allowed
+    return tokens, positions, allowed
 
 
 NextLogprobs = Callable[[DraftTree, list[int]], torch.Tensor]

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import torch
 
-from mars_bench.trees import ancestor_matrix, node_depths
+from mars_bench.trees import ancestor_matrix, is_chain, node_depths
 from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
 from mars_bench.verification.sampling import sample_rows
 
@@ -102,7 +102,7 @@ def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
         judging_rows=torch.tensor(sorted(last_child), dtype=torch.long, device=device),
         depths=tuple(depths.tolist()),
         has_children=tuple(row in last_child for row in range(len(parents) + 1)),
-        chain=tuple(parents) == tuple(range(-1, len(parents) - 1)),
+        chain=is_chain(parent_tensor),
     )
 
 
