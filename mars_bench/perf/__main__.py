@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -58,16 +59,21 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
 def main(argv: list[str] | None = None) -> int:
     try:
         settings, out = parse(argv)
-        result = run_suite(settings)
+        out.mkdir(parents=True, exist_ok=True)
+        result = run_suite(settings, after_repeat=lambda report: write_report(report, out))
     except ValueError as error:
         print(f"perf: error: {error}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "perf.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    (out / "perf.md").write_text(table + "\n")
-    print(table)
+    print(markdown(result))
     return 0
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """perf.json and perf.md over the repeats done so far, each replaced whole."""
+    for name, text in (("perf.json", json.dumps(report, indent=2)), ("perf.md", markdown(report))):
+        partial = out / f"{name}.partial"
+        partial.write_text(text + "\n")
+        partial.replace(out / name)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Forward costs measured in isolation, and the analytic speedup they predict."""
+"""Forward costs: measured in isolation, summed inside a decode, and the analytic speedup they predict."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -11,6 +12,45 @@ from transformers import DynamicCache
 
 from mars_bench.kvcache import cached_logits, crop_to
 from mars_bench.models import input_device
+
+
+class ForwardTimer:
+    """Wall seconds spent inside the top-level forward calls of ``models`` while in the block.
+
+    Hooks wrap each call (``model(...)``, which is how the engine and the drafters run a
+    model); on a GPU they synchronise, which slows the timed run a little. Everything else
+    in the block (drafting logic, sampling, verification, cache bookkeeping) is time outside
+    model forwards.
+    """
+
+    def __init__(self, *models: Any) -> None:
+        self.models = models
+        self.seconds = 0.0
+        self.calls = 0
+        self._handles: list[Any] = []
+        self._started = 0.0
+
+    def _now(self, model: Any) -> float:
+        if input_device(model).type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _start(self, model: Any, args: Any) -> None:
+        self._started = self._now(model)
+
+    def _stop(self, model: Any, args: Any, output: Any) -> None:
+        self.seconds += self._now(model) - self._started
+        self.calls += 1
+
+    def __enter__(self) -> ForwardTimer:
+        for model in self.models:
+            self._handles += [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._stop)]
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 @torch.inference_mode()

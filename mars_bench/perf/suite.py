@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions
 from mars_bench.config import DrafterConfig, TaskConfig
 from mars_bench.decoding import decode
 from mars_bench.decoding.draft_length import draft_length_policy
@@ -19,7 +21,7 @@ from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.perf.costs import forward_seconds, predicted_speedup
+from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_speedup
 from mars_bench.perf.peer import assistant_settings, peer_generate, peer_generation_config
 from mars_bench.tasks.providers import load_questions
 
@@ -91,24 +93,27 @@ class Suite:
 
     def ours(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         s = self.settings
-        start = time.perf_counter()
-        result = decode(
-            self.target.model, self.drafter if comparison.verifier else None, comparison.verifier, prompt,
-            max_new_tokens=budget, gamma=s.gamma, temperature=comparison.temperature, stop_token_ids=self.stops, seed=seed,
-            draft_length=draft_length_policy(s.draft_length, s.gamma),
-        )  # fmt: skip
-        wall = time.perf_counter() - start
+        with ForwardTimer(self.target.model) as target, ForwardTimer(self.draft.model) as draft:
+            start = time.perf_counter()
+            result = decode(
+                self.target.model, self.drafter if comparison.verifier else None, comparison.verifier, prompt,
+                max_new_tokens=budget, gamma=s.gamma, temperature=comparison.temperature, stop_token_ids=self.stops,
+                seed=seed, draft_length=draft_length_policy(s.draft_length, s.gamma),
+            )  # fmt: skip
+            wall = time.perf_counter() - start
         return {"tokens": result.tokens, "seconds": wall, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
+                **forward_counts(target, draft),
                 "steps": result.verify_steps, "emitted": result.new_tokens - 1, "drafted": result.drafted,
                 **{f"{phase}_s": value for phase, value in result.phase_seconds().items()}}  # fmt: skip
 
     def peer(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         config = peer_generation_config(budget, comparison.temperature, self.stops, self.pad_id)
         assistant = self.draft.model if comparison.assisted else None
-        start = time.perf_counter()
-        tokens = peer_generate(self.target.model, prompt, config, assistant, seed=seed)
-        wall = time.perf_counter() - start
-        return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], "seconds": wall}
+        with ForwardTimer(self.target.model) as target, ForwardTimer(self.draft.model) as draft:
+            start = time.perf_counter()
+            tokens = peer_generate(self.target.model, prompt, config, assistant, seed=seed)
+            wall = time.perf_counter() - start
+        return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], "seconds": wall, **forward_counts(target, draft)}
 
     def warm_up(self) -> None:
         for comparison in COMPARISONS:
@@ -129,12 +134,31 @@ class Suite:
         return {"ours": ours, "peer": peer}
 
 
+def forward_counts(target: ForwardTimer, draft: ForwardTimer) -> dict[str, Any]:
+    return {"target_forwards": target.calls, "target_forward_s": target.seconds,
+            "drafter_forwards": draft.calls, "drafter_forward_s": draft.seconds,
+            "forward_s": target.seconds + draft.seconds}  # fmt: skip
+
+
+def forward_use(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Target forwards per new token, and the mean seconds of a target and of a drafter forward."""
+    totals = {key: sum(run[key] for run in runs) for key in ("target_forwards", "target_forward_s",
+                                                             "drafter_forwards", "drafter_forward_s")}  # fmt: skip
+    return {
+        "target_forwards_per_token": totals["target_forwards"] / sum(len(run["tokens"]) for run in runs),
+        "target_forward_ms": 1000 * totals["target_forward_s"] / max(1, totals["target_forwards"]),
+        "drafter_forwards_per_target_forward": totals["drafter_forwards"] / max(1, totals["target_forwards"]),
+        "drafter_forward_ms": 1000 * totals["drafter_forward_s"] / max(1, totals["drafter_forwards"]),
+    }
+
+
 def throughput(runs: list[dict[str, Any]], seconds: str = "seconds") -> float:
     return sum(len(run["tokens"]) for run in runs) / sum(run[seconds] for run in runs)
 
 
 def summarise(comparison: Comparison, repeats: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = [throughput(r["ours"]) / throughput(r["peer"]) for r in repeats]
+    per_prompt = [throughput([a]) / throughput([b]) for r in repeats for a, b in zip(r["ours"], r["peer"])]
     ours = [run for r in repeats for run in r["ours"]]
     identical = sum(a["tokens"] == b["tokens"] for r in repeats for a, b in zip(r["ours"], r["peer"]))
     decode_s = sum(run["decode_s"] for run in ours)
@@ -145,26 +169,37 @@ def summarise(comparison: Comparison, repeats: list[dict[str, Any]]) -> dict[str
         "ours_tok_s": throughput(ours),
         "peer_tok_s": throughput([run for r in repeats for run in r["peer"]]),
         "ratio_min": min(ratios), "ratio_median": statistics.median(ratios), "ratio_max": max(ratios), "ratios": ratios,
+        "prompt_ratio_min": min(per_prompt), "prompt_ratio_median": statistics.median(per_prompt),
+        "prompt_ratio_max": max(per_prompt),
         "identical": identical if comparison.temperature == 0 else None,
         "runs": len(ours),
         "phase_share": phases,
         "overhead_share": phases["verify"] + phases["bookkeeping"],
+        # Prefill forwards are counted too, so this slightly overstates the decode loop's share.
+        "outside_forwards_share": sum(run["prefill_s"] + run["decode_s"] - run["forward_s"] for run in ours) / decode_s,
         "tau": sum(run["emitted"] for run in ours) / steps,
         "drafts_per_step": sum(run["drafted"] for run in ours) / steps,
         "ours_decode_tok_s": sum(run["emitted"] for run in ours) / decode_s,
+        "ours_forwards": forward_use(ours),
+        "peer_forwards": forward_use([run for r in repeats for run in r["peer"]]),
     }  # fmt: skip
 
 
-def analytic_model(suite: Suite, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Forward costs at a typical context, and the speedup over our AR baseline they predict."""
+def forward_costs(suite: Suite) -> dict[str, Any]:
+    """Forward seconds at a typical context: the prompts' median length plus half the budget."""
     s = suite.settings
     context = int(statistics.median(len(p) for p in suite.prompts)) + s.max_new_tokens // 2
-    costs = {
+    return {
         "context_tokens": context,
         "target_1": forward_seconds(suite.target.model, context, 1),
         f"target_{s.gamma + 1}": forward_seconds(suite.target.model, context, s.gamma + 1),
         "drafter_1": forward_seconds(suite.draft.model, context, 1),
     }
+
+
+def analytic_model(settings: PerfSettings, costs: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The speedup over our AR baseline that the forward costs and the measured tau predict."""
+    s = settings
     baseline = results[COMPARISONS[0].name]
     predictions = {}
     for comparison in COMPARISONS[1:]:
@@ -176,20 +211,33 @@ def analytic_model(suite: Suite, results: dict[str, dict[str, Any]]) -> dict[str
     return {"costs": costs, "speedup_over_our_baseline": predictions}
 
 
-def run_suite(settings: PerfSettings) -> dict[str, Any]:
+def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every comparison, ``settings.repeats`` times; ``after_repeat`` gets the report over the
+    repeats done so far (so an interrupted run keeps what it measured)."""
     suite = Suite(settings)
     suite.warm_up()
+    costs = forward_costs(suite)
     raw: dict[str, list[dict[str, Any]]] = {c.name: [] for c in COMPARISONS}
     for repeat in range(settings.repeats):
         for comparison in COMPARISONS:
             raw[comparison.name].append(suite.repeat(comparison, repeat))
+        report = build_report(suite, costs, raw, repeat + 1)
+        if after_repeat is not None:
+            after_repeat(report)
+    return report
+
+
+def build_report(suite: Suite, costs: dict[str, Any], raw: dict[str, list[dict[str, Any]]], repeats_done: int) -> dict[str, Any]:
     results = {c.name: summarise(c, raw[c.name]) for c in COMPARISONS}
     return {
-        "settings": asdict(settings),
+        "settings": asdict(suite.settings),
+        "environment": {"git": git_state(), "packages": package_versions(), "cpu": cpu_description(),
+                        "gpus": gpu_description()},  # fmt: skip
+        "repeats_done": repeats_done,
         "prompts": len(suite.prompts),
         "assisted_generation": assistant_settings(suite.draft.model),
         "results": results,
-        "analytic": analytic_model(suite, results),
-        "raw_seconds": {name: [{"ours": [run["seconds"] for run in r["ours"]], "peer": [run["seconds"] for run in r["peer"]]}
-                               for r in repeats] for name, repeats in raw.items()},  # fmt: skip
+        "analytic": analytic_model(suite.settings, costs, results),
+        "raw": {name: [{side: [{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in r[side]]
+                               for side in ("ours", "peer")} for r in repeats] for name, repeats in raw.items()},  # fmt: skip
     }

@@ -118,16 +118,21 @@ PROBLEMS = (
 
 
 def input_problems(step: VerifyInput, layout: TreeLayout) -> torch.Tensor:
-    """BoolTensor[len(PROBLEMS)] on the device: which input checks fail (no host sync)."""
+    """BoolTensor[len(PROBLEMS)] on the device: which input checks fail (no host sync).
+
+    The three logits checks read one row maximum: max propagates NaN, is +inf where any
+    entry is, and is -inf only where no entry is finite.
+    """
     logits, drafts = step.target_logits, step.draft_tokens
+    row_max = logits.max(dim=-1).values
     none = torch.zeros((), dtype=torch.bool, device=logits.device)
     flags = [
-        torch.isnan(logits).any(),
-        torch.isposinf(logits).any(),
-        (~torch.isfinite(logits)).all(dim=-1).any(),
+        torch.isnan(row_max).any(),
+        torch.isposinf(row_max).any(),
+        torch.isneginf(row_max).any(),
         ((drafts < 0) | (drafts >= logits.shape[-1])).any() if drafts.numel() else none,
         none if step.draft_probs is None else ~((step.draft_probs >= 0) & (step.draft_probs <= 1 + 1e-4)).all(),
-        none if step.draft_dists is None else ~(step.draft_dists >= 0).all(),
+        none if step.draft_dists is None or not step.draft_dists.numel() else ~(step.draft_dists.min() >= 0),
         none if layout.chain else (layout.siblings & (drafts[:, None] == drafts[None, :])).sum() > drafts.shape[0],
     ]
     return torch.stack([flag.to(logits.device) for flag in flags])
@@ -162,6 +167,11 @@ def top_two(processed: torch.Tensor) -> TopTwo:
 def gather_at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """rows[i, tokens[i]] for rows [N, V] and tokens [N]."""
     return rows.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def at_nodes(per_row: torch.Tensor, tokens: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
+    """FloatTensor[N]: ``per_row`` ([N+1, V]) at each node's token in the row judging it."""
+    return per_row[layout.parent_rows, tokens]
 
 
 def sibling_normalisers(p_node: torch.Tensor, q_node: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
@@ -199,11 +209,31 @@ def residual_rows(
 
 
 @dataclass(frozen=True)
+class RowDraws:
+    """The token to emit at a stop row, drawn only once the stop row is known.
+
+    weights: FloatTensor[N+1, V], a non-negative (unnormalised) distribution per row. Only
+    the stop row is sampled: drawing every row would cost N+1 cumulative sums over the
+    vocabulary for one token.
+    """
+
+    weights: torch.Tensor
+    generator: torch.Generator | None
+
+    def at(self, row: torch.Tensor) -> torch.Tensor:
+        """LongTensor[1]: a sample from the row ``row`` (LongTensor[1], on the device)."""
+        return sample_rows(self.weights.index_select(0, row), self.generator)
+
+
+Candidates = torch.Tensor | RowDraws  # LongTensor[N+1] (a token per row) or draws per row
+
+
+@dataclass(frozen=True)
 class StrictOutcome:
-    """The Leviathan / Chen rule per node: accepted[N] and the token to emit at each stop row [N+1]."""
+    """The Leviathan / Chen rule per node: accepted[N] and the correction to draw at each stop row."""
 
     accepted: torch.Tensor
-    candidates: torch.Tensor
+    candidates: RowDraws
 
 
 def strict_rejection(
@@ -219,9 +249,10 @@ def strict_rejection(
     with the drafter's ``draft_dists`` when given. Tree drafts are deterministic (q one-hot),
     the multi-draft rule of SpecInfer: a sibling is tried on p renormalised without the
     earlier siblings' tokens, and after every child is rejected the correction is sampled
-    from p without them. Randomness drawn: N uniforms, then one exponential race over [N+1, V].
+    from p without them. Randomness drawn: N uniforms, then (in ``finish``) one uniform for
+    the stop row.
     """
-    p_draft = gather_at(target_probs[layout.parent_rows], draft_tokens)
+    p_draft = at_nodes(target_probs, draft_tokens, layout)
     if draft_dists is None:
         mass = sibling_normalisers(p_draft, torch.ones_like(p_draft), layout)
         p_draft, q_draft = p_draft / mass.clamp(min=torch.finfo(mass.dtype).tiny), torch.ones_like(p_draft)
@@ -229,7 +260,7 @@ def strict_rejection(
         q_draft = gather_at(draft_dists, draft_tokens)
     uniforms = torch.rand(draft_tokens.shape[0], generator=generator, device=target_probs.device)
     accepted = uniforms * q_draft < p_draft
-    return StrictOutcome(accepted, sample_rows(residual_rows(target_probs, draft_tokens, draft_dists, layout), generator))
+    return StrictOutcome(accepted, RowDraws(residual_rows(target_probs, draft_tokens, draft_dists, layout), generator))
 
 
 def first_choices(accepted: torch.Tensor, layout: TreeLayout, preferred: torch.Tensor | None = None) -> torch.Tensor:
@@ -245,14 +276,15 @@ def first_choices(accepted: torch.Tensor, layout: TreeLayout, preferred: torch.T
 def finish(
     accepted: torch.Tensor,
     reasons: torch.Tensor,
-    candidates: torch.Tensor,
+    candidates: Candidates,
     prep: Prepared,
     preferred: torch.Tensor | None = None,
 ) -> Verdict:
     """Walk the tree, emit the stop row's candidate, and report the decisions, with one host transfer.
 
     accepted: BoolTensor[N], whether each node is accepted if reached; reasons: LongTensor[N]
-    (the reason if reached); candidates: LongTensor[N+1], the token to emit per stop row;
+    (the reason if reached); candidates: the token to emit per stop row (LongTensor[N+1]),
+    or ``RowDraws`` to sample it from;
     preferred: BoolTensor[N] or None, nodes taken before their other accepted siblings.
     Raises ValueError, after the transfer, if an input check failed.
     """
@@ -264,7 +296,7 @@ def finish(
     stop_row = torch.where(accepted_len > 0, deepest + 1, 0)
     packed = torch.cat(
         [
-            candidates.gather(0, stop_row).double(),
+            (candidates.at(stop_row) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_row)).double(),
             on_path.double(),
             reasons.double(),
             prep.rows.z1.double(),

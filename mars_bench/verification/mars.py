@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, finish, strict_rejection
-from mars_bench.verification.sampling import probabilities, sample_rows
+from mars_bench.verification.kernels import Prepared, RowDraws, finish, strict_rejection
+from mars_bench.verification.sampling import probabilities
 from mars_bench.verification.strict import TreeVerifier
 
 GUARDS = ("never", "gap")
@@ -96,8 +96,7 @@ class MarsVerifier(TreeVerifier):
         reasons = torch.where(strict.accepted, int(Reason.SAMPLED), torch.where(relaxed, int(Reason.RELAXED), rejected))
         candidates = strict.candidates
         if self.correction == "target" and self.theta is not None:
-            rows = prep.layout.judging_rows  # a leaf row's bonus stays the strict sample from p
-            row_trigger = margin_trigger(prep.rows.z1[rows], prep.rows.z2[rows], self.theta, self.guard)
-            from_target = sample_rows(probs[rows], generator)
-            candidates = candidates.index_put((rows,), torch.where(row_trigger, from_target, candidates[rows]))
+            # A row with no children has the residual p anyway, so its bonus is unchanged.
+            row_trigger = margin_trigger(prep.rows.z1, prep.rows.z2, self.theta, self.guard)
+            candidates = RowDraws(torch.where(row_trigger[:, None], probs, candidates.weights), generator)
         return finish(accepted, reasons, candidates, prep)

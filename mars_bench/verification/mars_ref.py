@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, finish, gather_at, sibling_normalisers
+from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, sibling_normalisers
 from mars_bench.verification.mars import check_theta
-from mars_bench.verification.sampling import probabilities, sample_rows
+from mars_bench.verification.sampling import probabilities
 from mars_bench.verification.strict import TreeVerifier
 
 
@@ -50,7 +50,7 @@ class MarsReferenceVerifier(TreeVerifier):
         trigger = prep.parent_rows(row_trigger)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
         q = torch.ones_like(drafts, dtype=probs.dtype) if step.draft_probs is None else step.draft_probs.float()
-        p_draft = gather_at(prep.parent_rows(probs), drafts)
+        p_draft = at_nodes(probs, drafts, prep.layout)
         mass = sibling_normalisers(p_draft, q, layout)
         uniforms = torch.rand(drafts.shape[0], generator=generator, device=probs.device)
         strict_accept = uniforms <= p_draft / mass.clamp(min=1e-10) / q.clamp(min=1e-10)
@@ -64,5 +64,4 @@ class MarsReferenceVerifier(TreeVerifier):
         )
         adjusted = probs.index_put((layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
         adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs)
-        candidates = sample_rows(torch.where(row_trigger[:, None], probs, adjusted), generator)
-        return finish(accepted, reasons, candidates, prep)
+        return finish(accepted, reasons, RowDraws(torch.where(row_trigger[:, None], probs, adjusted), generator), prep)

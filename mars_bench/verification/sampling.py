@@ -47,7 +47,8 @@ def _is_number(value: object) -> bool:
 
 def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """(logits - rowmax) / temperature: finite wherever the logit is, for any temperature > 0."""
-    return (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    return shifted if temperature == 1 else shifted.div_(temperature)
 
 
 def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -73,19 +74,28 @@ def probabilities(processed: torch.Tensor, sampling: SamplingParams) -> torch.Te
     """softmax(processed / temperature), float32 [..., V] (one-hot at the argmax when greedy)."""
     if sampling.greedy:
         return torch.zeros_like(processed).scatter_(-1, processed.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.softmax(scaled(processed, sampling.temperature), dim=-1)
+    # scaled() puts each row's maximum at 0, so exp cannot overflow and the sum is >= 1.
+    weights = scaled(processed, sampling.temperature).exp_()
+    return weights.div_(weights.sum(dim=-1, keepdim=True))
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token id per row of ``probs`` ([R, V] -> LongTensor[R]), no host sync.
+    """One token id per row of ``probs`` ([R, V], unnormalised is fine) -> LongTensor[R], no host sync.
 
-    Uses the exponential-race form (argmax of p / E, E ~ Exp(1)), which draws from p exactly
-    and batches over rows the way vLLM's sampler does.
+    Inverse-CDF sampling: one uniform per row against the row's cumulative sum. The sum is
+    taken in float64: in float32 each partial sum near 1 is rounded by up to 6e-8, more than
+    most tokens' probability in a 150k vocabulary, so rounding would move their mass. One
+    uniform per row instead of one exponential per entry (the race vLLM uses on GPUs): on 2
+    CPU cores a draw from 6 rows of 152k takes 0.7 ms this way and 18 ms as a race, which was
+    more than the rest of a rejection-sampling step together.
     """
-    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    # An exact 0 draw would make 0/0 = NaN win the argmax for an impossible token.
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    return torch.argmax(probs / noise, dim=-1)
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[..., -1:]
+    uniform = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device)
+    # u < total strictly, so some entry of the cdf exceeds it; a zero-probability token
+    # repeats its predecessor's cdf value and can never be the first to exceed u.
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def choose_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, finish, gather_at, reasons_from
-from mars_bench.verification.sampling import probabilities, sample_rows
+from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, reasons_from
+from mars_bench.verification.sampling import probabilities
 from mars_bench.verification.strict import TreeVerifier
 
 
@@ -34,6 +34,6 @@ class TypicalVerifier(TreeVerifier):
         probs = probabilities(prep.processed, step.sampling)
         entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)
         threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
-        accepted = gather_at(prep.parent_rows(probs), drafts) > prep.parent_rows(threshold)
+        accepted = at_nodes(probs, drafts, prep.layout) > prep.parent_rows(threshold)
         accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
-        return finish(accepted, reasons_from(accepted, accept_reason), sample_rows(probs, generator), prep)
+        return finish(accepted, reasons_from(accepted, accept_reason), RowDraws(probs, generator), prep)
