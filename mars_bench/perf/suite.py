@@ -93,27 +93,29 @@ class Suite:
 
     def ours(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         s = self.settings
-        with ForwardTimer(self.target.model) as target, ForwardTimer(self.draft.model) as draft:
-            start = time.perf_counter()
-            result = decode(
-                self.target.model, self.drafter if comparison.verifier else None, comparison.verifier, prompt,
-                max_new_tokens=budget, gamma=s.gamma, temperature=comparison.temperature, stop_token_ids=self.stops,
-                seed=seed, draft_length=draft_length_policy(s.draft_length, s.gamma),
-            )  # fmt: skip
-            wall = time.perf_counter() - start
-        return {"tokens": result.tokens, "seconds": wall, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
-                **forward_counts(target, draft),
+        result, timing = self.timed(lambda: decode(
+            self.target.model, self.drafter if comparison.verifier else None, comparison.verifier, prompt,
+            max_new_tokens=budget, gamma=s.gamma, temperature=comparison.temperature, stop_token_ids=self.stops,
+            seed=seed, draft_length=draft_length_policy(s.draft_length, s.gamma),
+        ))  # fmt: skip
+        return {"tokens": result.tokens, **timing, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
                 "steps": result.verify_steps, "emitted": result.new_tokens - 1, "drafted": result.drafted,
                 **{f"{phase}_s": value for phase, value in result.phase_seconds().items()}}  # fmt: skip
 
     def peer(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         config = peer_generation_config(budget, comparison.temperature, self.stops, self.pad_id)
         assistant = self.draft.model if comparison.assisted else None
+        tokens, timing = self.timed(lambda: peer_generate(self.target.model, prompt, config, assistant, seed=seed))
+        return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], **timing}
+
+    def timed(self, call: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+        """``call()``, its wall seconds, and the count and seconds of each model's forwards inside it."""
         with ForwardTimer(self.target.model) as target, ForwardTimer(self.draft.model) as draft:
             start = time.perf_counter()
-            tokens = peer_generate(self.target.model, prompt, config, assistant, seed=seed)
+            value = call()
             wall = time.perf_counter() - start
-        return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], "seconds": wall, **forward_counts(target, draft)}
+        return value, {"seconds": wall, "target_forwards": target.calls, "target_forward_s": target.seconds,
+                       "drafter_forwards": draft.calls, "drafter_forward_s": draft.seconds}  # fmt: skip
 
     def warm_up(self) -> None:
         for comparison in COMPARISONS:
@@ -132,12 +134,6 @@ class Suite:
                 peer.append(self.peer(comparison, prompt, seed, budget))
                 ours.append(self.ours(comparison, prompt, seed, budget))
         return {"ours": ours, "peer": peer}
-
-
-def forward_counts(target: ForwardTimer, draft: ForwardTimer) -> dict[str, Any]:
-    return {"target_forwards": target.calls, "target_forward_s": target.seconds,
-            "drafter_forwards": draft.calls, "drafter_forward_s": draft.seconds,
-            "forward_s": target.seconds + draft.seconds}  # fmt: skip
 
 
 def forward_use(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -174,9 +170,9 @@ def summarise(comparison: Comparison, repeats: list[dict[str, Any]]) -> dict[str
         "identical": identical if comparison.temperature == 0 else None,
         "runs": len(ours),
         "phase_share": phases,
-        "overhead_share": phases["verify"] + phases["bookkeeping"],
         # Prefill forwards are counted too, so this slightly overstates the decode loop's share.
-        "outside_forwards_share": sum(run["prefill_s"] + run["decode_s"] - run["forward_s"] for run in ours) / decode_s,
+        "outside_forwards_share": sum(run["prefill_s"] + run["decode_s"] - run["target_forward_s"] - run["drafter_forward_s"]
+                                      for run in ours) / decode_s,  # fmt: skip
         "tau": sum(run["emitted"] for run in ours) / steps,
         "drafts_per_step": sum(run["drafted"] for run in ours) / steps,
         "ours_decode_tok_s": sum(run["emitted"] for run in ours) / decode_s,
