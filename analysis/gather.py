@@ -38,6 +38,20 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
+    return name_drafter_settings(frame)
+
+
+def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """Where one drafter ran with several settings (gamma, tree shape), name each: ``model_tree (gamma=5,top_k=3)``.
+
+    Every table groups by the ``drafter`` column, so two shapes of one drafter stay apart; a drafter
+    with one setting keeps its bare name. Records older than ``drafter_setting`` are told apart by gamma.
+    """
+    fallback = "gamma=" + frame["gamma"].astype("string") if "gamma" in frame else pd.Series("", index=frame.index)
+    setting = frame["drafter_setting"].fillna(fallback) if "drafter_setting" in frame else fallback
+    setting = setting.fillna("").astype(str)
+    shapes = setting.groupby(frame["drafter"]).transform("nunique")
+    frame["drafter"] = frame["drafter"].where(shapes <= 1, frame["drafter"] + " (" + setting + ")")
     return frame
 
 

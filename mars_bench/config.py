@@ -64,6 +64,18 @@ class VerifierConfig:
 
 TREE_DRAFTERS = ("model_tree", "eagle3")
 
+# The DrafterConfig keys that shape each drafter's drafts; the records carry them (``drafter_setting``)
+# so that an analysis tells two shapes of one drafter apart. A drafter not listed here is shaped by gamma.
+DRAFTER_PARAMS = {
+    "none": (),
+    "model": ("gamma",),
+    "model_tree": ("gamma", "top_k", "tree_tokens"),
+    "eagle3": ("gamma", "top_k", "tree_tokens"),
+    "layerskip": ("gamma", "layers"),
+    "lookup": ("gamma", "min_ngram", "max_ngram"),
+}
+LENGTH_PARAMS = {"fixed": (), "schedule": ("max_gamma",), "confidence": ("min_confidence",)}
+
 VERIFIER_PARAMS = {
     "exact": (),
     "rejection": (),
@@ -119,6 +131,12 @@ def verifier_params(verifier: Any) -> dict[str, Any]:
     if verifier.name not in VERIFIER_PARAMS:
         get_verifier(verifier.name)  # raises the one-line unknown-name error
     return {key: getattr(verifier, key) for key in VERIFIER_PARAMS[verifier.name]}
+
+
+def drafter_setting(drafter: Any) -> str:
+    """The drafter's shaping keys from a DrafterConfig as ``key=value`` pairs, e.g. ``gamma=5,top_k=3,tree_tokens=16``."""
+    keys = (*DRAFTER_PARAMS.get(drafter.name, ("gamma",)), *LENGTH_PARAMS.get(drafter.length, ()))
+    return ",".join(f"{key}={getattr(drafter, key)}" for key in keys)
 
 
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:

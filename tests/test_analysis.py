@@ -219,6 +219,25 @@ def test_records_from_older_writers_get_the_defaults_of_missing_fields(tmp_path)
     assert set(method_summary(gather([tmp_path]))["label"]) == {"mars (theta 0.9)"}
 
 
+def test_two_shapes_of_one_drafter_are_two_settings_and_one_shape_keeps_its_bare_name(tmp_path):
+    def run(folder, setting, seconds):
+        times = {"baseline": 2.0, "mars": seconds}
+        rows = [record(0, method, 10, time, 9, drafter_setting=setting) for method, time in times.items()]
+        write_run(tmp_path / folder, rows)
+
+    run("small", "gamma=5,top_k=3,tree_tokens=16", 1.0)
+    run("large", "gamma=7,top_k=10,tree_tokens=50", 0.5)
+    speedups = dict(zip(*method_summary(gather([tmp_path]))[["drafter", "speedup"]].T.values))
+    assert speedups == {"model (gamma=5,top_k=3,tree_tokens=16)": 2.0, "model (gamma=7,top_k=10,tree_tokens=50)": 4.0}
+    assert set(table1(gather([tmp_path / "small"])).index.get_level_values("drafter")) == {"model"}
+
+
+def test_records_older_than_drafter_setting_are_told_apart_by_gamma(tmp_path):
+    write_run(tmp_path / "a", [record(0, "baseline", 10, 2.0, 9, gamma=3), record(0, "mars", 10, 1.0, 3, gamma=3)])
+    write_run(tmp_path / "b", [record(0, "baseline", 10, 2.0, 9, gamma=5), record(0, "mars", 10, 1.0, 3, gamma=5)])
+    assert set(method_summary(gather([tmp_path]))["drafter"]) == {"model (gamma=3)", "model (gamma=5)"}
+
+
 def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
     with pytest.raises(NoRecordsError, match="no records.jsonl with finished rows below"):
         gather([tmp_path])

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.records import Record, read_rows
-from mars_bench.config import check_run_config
+from mars_bench.config import DRAFTER_PARAMS, check_run_config, drafter_setting
 
 GROUPS = {
     group: sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
@@ -48,6 +48,15 @@ def test_every_group_option_composes_and_validates(group, option):
     check_run_config(cfg)
     if group != "experiment":
         assert cfg[group].name == option
+
+
+def test_records_name_the_keys_that_shape_each_shipped_drafter():
+    assert set(GROUPS["drafter"]) <= set(DRAFTER_PARAMS)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        tree = compose(config_name="config", overrides=["drafter=model_tree"])
+        chain = compose(config_name="config", overrides=["drafter=model", "drafter.length=schedule", "drafter.max_gamma=9"])
+    assert drafter_setting(tree.drafter) == "gamma=5,top_k=3,tree_tokens=16"
+    assert drafter_setting(chain.drafter) == "gamma=5,max_gamma=9"
 
 
 def test_the_shipped_groups_cover_the_paper():

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.records import Record, RecordWriter, finite_or_none
-from mars_bench.config import check_run_config, shadow_verifiers, verifier_params
+from mars_bench.config import check_run_config, drafter_setting, shadow_verifiers, verifier_params
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.drafting import drafter_for
@@ -87,6 +87,7 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
         "max_new_tokens": cfg.max_new_tokens,
         "dtype": model.dtype,
         "draft_length": cfg.drafter.length,
+        "drafter_setting": drafter_setting(cfg.drafter),
     }
 
 

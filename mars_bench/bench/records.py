@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
-SCHEMA_VERSION = 2  # 2: shadow_accepted, baseline_from, draft_length
+SCHEMA_VERSION = 3  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting
 
 
 @dataclass
@@ -80,6 +80,7 @@ class Record:
     score: float | None = None
     baseline_from: str | None = None  # baseline rows reused from another cell: the cell that decoded them
     draft_length: str = "fixed"  # the draft-length policy: fixed | schedule | confidence
+    drafter_setting: str = ""  # the drafter's shaping keys, e.g. "gamma=5,top_k=3,tree_tokens=16"
     schema_version: int = SCHEMA_VERSION
 
     @property
