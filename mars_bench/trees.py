@@ -8,6 +8,8 @@ Depth 0 is a child of the root.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
@@ -16,23 +18,29 @@ def is_chain(parents: torch.Tensor) -> bool:
 
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:
-    """LongTensor[N]: 0 for a child of the root, parent's depth + 1 otherwise."""
-    depths = torch.zeros(parents.shape[0], dtype=torch.long)
-    for index, parent in enumerate(parents.tolist()):
-        if parent >= index:
-            raise ValueError(f"parents[{index}]={parent} is invalid: allowed is -1 or an index below {index} (topological order)")
-        depths[index] = 0 if parent < 0 else depths[parent] + 1
-    return depths
+    """LongTensor[N]: 0 for a child of the root, parent's depth + 1 otherwise (shared: read only)."""
+    return tree_structure(tuple(parents.tolist()))[0]
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """BoolTensor[N, N]: [i, j] is True when node j is node i or one of its ancestors."""
-    count = parents.shape[0]
-    matrix = torch.eye(count, dtype=torch.bool)
-    for index, parent in enumerate(parents.tolist()):
+    """BoolTensor[N, N]: [i, j] is True when node j is node i or one of its ancestors (shared: read only)."""
+    return tree_structure(tuple(parents.tolist()))[1]
+
+
+@lru_cache(maxsize=256)
+def tree_structure(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depths, ancestors) of a tree, computed once per shape: the engine, the tree masks and the
+    verifiers all ask for the same step's tree, and a drafter repeats its shapes step after step."""
+    count = len(parents)
+    depths = torch.zeros(count, dtype=torch.long)
+    ancestors = torch.eye(count, dtype=torch.bool)
+    for index, parent in enumerate(parents):
+        if parent >= index:
+            raise ValueError(f"parents[{index}]={parent} is invalid: allowed is -1 or an index below {index} (topological order)")
         if parent >= 0:
-            matrix[index] |= matrix[parent]
-    return matrix
+            depths[index] = depths[parent] + 1
+            ancestors[index] |= ancestors[parent]
+    return depths, ancestors
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

@@ -175,7 +175,7 @@ def test_the_expansion_keeps_the_best_nodes_with_their_ancestors():
         return torch.log_softmax(torch.randn(len(frontier), 30, generator=generator) * 2, -1)
 
     shape = TreeShape(depth=4, top_k=3, tree_tokens=12)
-    tree = expand_tree(torch.log_softmax(torch.randn(30, generator=generator), -1), next_logprobs, shape, depth=4)
+    tree = expand_tree(torch.log_softmax(torch.randn(30, generator=generator), -1), next_logprobs, shape)
     assert len(tree) == 11
     assert all(parent < node for node, parent in enumerate(tree.parents))
     assert all(tree.scores[node] <= tree.scores[parent] for node, parent in enumerate(tree.parents) if parent >= 0)
@@ -190,6 +190,15 @@ def test_a_tree_budget_smaller_than_the_depth_is_refused():
 
 
 PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3], [11]]
+
+
+def test_a_step_deeper_than_the_node_budget_keeps_the_budget_and_caps_the_depth(target):
+    assert TreeShape.for_step(9, top_k=3, tree_tokens=6) == TreeShape(depth=5, top_k=3, tree_tokens=6)
+    assert TreeShape.for_step(3, top_k=3, tree_tokens=6) == TreeShape(depth=3, top_k=3, tree_tokens=6)
+    drafter = build_drafter("model_tree", model=target, top_k=1, tree_tokens=4)  # top_k 1: a chain as deep as allowed
+    drafter.begin(torch.tensor(PROMPTS[0]))
+    draft = drafter.propose(torch.tensor(PROMPTS[0]), 8, SamplingParams(), None)
+    assert draft.parents.tolist() == [-1, 0, 1]
 
 
 @pytest.mark.parametrize(("gamma", "top_k", "tree_tokens"), [(1, 2, 3), (3, 2, 6), (5, 3, 16)])

@@ -38,8 +38,9 @@ class Drafter:
 
     Lifecycle per prompt: ``begin(prompt_ids)`` once (may prefill a cache), then per step
     ``propose(context, max_drafts, ...)`` and ``accept(path)``. ``context`` holds every
-    committed token (prompt and generated) as a CPU LongTensor[T]. ``max_drafts`` bounds
-    the number of drafted tokens on any path: a chain's length, a tree's depth.
+    committed token (prompt and generated) as a CPU LongTensor[T]. ``max_drafts`` (>= 1: the
+    engine asks for no drafts by not calling ``propose``) bounds the number of drafted tokens
+    on any path: a chain's length, a tree's depth.
 
     A drafter that reads the target's hidden states (EAGLE) names the entries of the
     target's ``output_hidden_states`` it needs in ``hidden_layers``; the engine then hands it

@@ -83,7 +83,7 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb, repeat_kv
 
-from mars_bench.drafting.base import Draft, Drafter, empty_draft, register_drafter
+from mars_bench.drafting.base import Draft, Drafter, register_drafter
 from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_block
 from mars_bench.models import input_device, output_device
 from mars_bench.verification.sampling import SamplingParams
@@ -581,8 +581,6 @@ class Eagle3Drafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        if max_drafts <= 0:
-            return empty_draft(self.device)
         head = self.head
         root_logits, root_hidden = self._feed_committed(context)
         committed = head.cache_length
@@ -602,9 +600,8 @@ class Eagle3Drafter(Drafter):
             fed.extend(frontier)
             return head.target_logprobs(logits, self.vocab_size)
 
-        depth = min(max_drafts, self.tree_tokens - 1)  # a schedule may ask for more than the tree can hold
         root_logprobs = head.target_logprobs(root_logits[None], self.vocab_size)[0]
-        tree = expand_tree(root_logprobs, next_logprobs, TreeShape(depth, self.top_k, self.tree_tokens), depth=depth)
+        tree = expand_tree(root_logprobs, next_logprobs, TreeShape.for_step(max_drafts, self.top_k, self.tree_tokens))
         head.truncate(committed)  # tree nodes leave the cache; committed pairs stay
         self.last_grown = grown[0] if grown else DraftTree()
         self.last_outputs = outputs

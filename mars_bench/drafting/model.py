@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from mars_bench.drafting.base import Draft, Drafter, empty_draft, register_drafter
+from mars_bench.drafting.base import Draft, Drafter, register_drafter
 from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_block
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.models import input_device
@@ -86,8 +86,6 @@ class ModelDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        if max_drafts <= 0:
-            return empty_draft(self.device)
         self._rewind()
         feed = context[self.cached_valid :].to(self.device)
         tokens, token_probs, dists = [], [], []
@@ -142,9 +140,7 @@ class TreeModelDrafter(ModelDrafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        if max_drafts <= 0:
-            return empty_draft(self.device)
-        shape = TreeShape(max_drafts, self.top_k, max(self.tree_tokens, max_drafts + 1))
+        shape = TreeShape.for_step(max_drafts, self.top_k, self.tree_tokens)
         self._rewind()
         _, root_probs = self._draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
         self.cached_valid = self.cached_total  # the whole context is cached now
@@ -156,7 +152,7 @@ class TreeModelDrafter(ModelDrafter):
             fed.extend(frontier)
             return torch.log(self._draft_probs(logits, sampling)[1])
 
-        tree = expand_tree(torch.log(root_probs[0]), next_logprobs, shape, depth=max_drafts)
+        tree = expand_tree(torch.log(root_probs[0]), next_logprobs, shape)
         self._rewind()
         return Draft(
             tokens=torch.tensor(tree.tokens, device=self.device),

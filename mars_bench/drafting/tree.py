@@ -40,6 +40,15 @@ class TreeShape:
     def nodes(self) -> int:
         return self.tree_tokens - 1
 
+    @classmethod
+    def for_step(cls, max_drafts: int, top_k: int, tree_tokens: int) -> TreeShape:
+        """This step's shape: depth ``max_drafts``, capped at ``tree_tokens - 1``.
+
+        A draft-length schedule may ask for more levels than the node budget holds; the budget
+        is the verification cost the user configured, so the depth gives way, not the budget.
+        """
+        return cls(min(max_drafts, tree_tokens - 1), top_k, tree_tokens)
+
 
 @dataclass
 class DraftTree:
@@ -109,23 +118,22 @@ def frontier_block(
 NextLogprobs = Callable[[DraftTree, list[int]], torch.Tensor]
 
 
-def expand_tree(root_logprobs: torch.Tensor, next_logprobs: NextLogprobs, shape: TreeShape, depth: int) -> DraftTree:
+def expand_tree(root_logprobs: torch.Tensor, next_logprobs: NextLogprobs, shape: TreeShape) -> DraftTree:
     """Grow a tree the way EAGLE-2 does, then keep its best ``shape.nodes`` nodes.
 
     root_logprobs: FloatTensor[V], the drafter's log-probabilities after the committed context.
     next_logprobs(tree, frontier): FloatTensor[len(frontier), V], the drafter's log-probabilities
         after each frontier node (node ids into ``tree``); one drafter forward per call.
-    depth: this step's depth (at most ``shape.depth``; less near the token budget).
     Every expanded node adds its ``top_k`` most likely children to the tree; of the children
     added at one depth, the ``top_k`` with the highest path log-probability are expanded
-    next. ``depth - 1`` calls of ``next_logprobs`` in all (so ``depth`` drafter forwards per
-    step, as for a chain of ``depth`` drafts). EAGLE's ``depth`` setting counts levels after
+    next. ``shape.depth - 1`` calls of ``next_logprobs`` in all (so ``shape.depth`` drafter
+    forwards per step, as for a chain of that many drafts). EAGLE's ``depth`` setting counts levels after
     the first, so its depth 6 is depth 7 here.
     """
     tree = DraftTree()
     values, tokens = (t.cpu() for t in torch.topk(root_logprobs.float(), min(shape.top_k, root_logprobs.shape[-1])))
     frontier = [tree.add(t, -1, v, math.exp(v)) for v, t in zip(values.tolist(), tokens.tolist())]
-    for _ in range(depth - 1):
+    for _ in range(shape.depth - 1):
         logprobs = next_logprobs(tree, frontier).float()
         child_values, child_tokens = (t.cpu() for t in torch.topk(logprobs, min(shape.top_k, logprobs.shape[-1]), dim=-1))
         totals = torch.tensor([tree.scores[node] for node in frontier])[:, None] + child_values
