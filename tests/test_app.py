@@ -17,6 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from mars_bench.__main__ import CONF_DIR
+from mars_bench.bench.manifest import source_hash
 from mars_bench.bench.records import Record, read_rows
 from mars_bench.config import DRAFTER_PARAMS, check_run_config, drafter_setting
 
@@ -123,12 +124,24 @@ def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
     # the method ran first on the second question, yet every method row is compared with its baseline
     assert all(0 <= r["agreement"] <= 1 and 0 <= r["baseline_rouge_l"] <= 1 for r in rows if r["method"] == "mars")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert {"packages", "git", "cpu", "models", "seeds", "config"} <= set(manifest)
+    assert {"packages", "git", "source_sha256", "cpu", "models", "seeds", "config"} <= set(manifest)
     assert manifest["models"]["target"]["dtype"] == "bfloat16"
     assert manifest["methods"]["mars"]["verifier"] == {"name": "mars", "theta": 0.9, "guard": "never", "correction": "residual"}
     assert manifest["methods"]["mars"]["drafter"]["name"] == "layerskip" and manifest["methods"]["baseline"]["drafter"] is None
     assert (out / "summary.csv").read_text().startswith("cell,method")
     assert "max_new_tokens: 12" in (out / "config.yaml").read_text()
+
+
+def test_the_source_hash_names_the_code_and_configs_that_ran(tmp_path):
+    for name, text in {"mars_bench/a.py": "x = 1", "conf/b.yaml": "k: 1", "mars_bench/notes.txt": "n"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    before = source_hash(tmp_path)
+    (tmp_path / "mars_bench/notes.txt").write_text("other")  # neither code nor config
+    assert source_hash(tmp_path) == before
+    (tmp_path / "conf/b.yaml").write_text("k: 2")
+    assert source_hash(tmp_path) != before
+    assert source_hash() == source_hash()  # this checkout's, stable
 
 
 def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path):

@@ -29,6 +29,7 @@ def test_the_suite_compares_every_method_with_transformers(tmp_path):
     report = json.loads((tmp_path / "perf.json").read_text())
     assert report["repeats_done"] == 2 and not list(tmp_path.glob("*.partial"))  # rewritten whole after each repeat
     assert report["environment"]["packages"]["transformers"] and "commit" in report["environment"]["git"]
+    assert len(report["environment"]["source_sha256"]) == 64
     assert list(report["results"]) == [c.name for c in COMPARISONS]
     for row in report["results"].values():
         assert len(row["ratios"]) == 2 and row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]

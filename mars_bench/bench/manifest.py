@@ -91,6 +91,19 @@ def model_record(role: str, loaded: Any, models: dict[str, Any]) -> dict[str, An
     return {**record, **loaded.resolved.to_record()}
 
 
+def source_hash(root: Path = REPO_ROOT, folders: tuple[str, ...] = ("mars_bench", "conf")) -> str:
+    """sha256 over the harness's own code and configs (``*.py``, ``*.yaml`` below ``folders``).
+
+    Names the code that ran where git cannot: a run from an exported tree or an installed copy.
+    Hash a checkout the same way to find its commit.
+    """
+    digest = hashlib.sha256()
+    files = sorted(p for folder in folders for p in (root / folder).rglob("*") if p.suffix in (".py", ".yaml"))
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def text_hash(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -106,6 +119,7 @@ def build_manifest(
         "platform": platform.platform(),
         "packages": package_versions(),
         "git": git_state(),
+        "source_sha256": source_hash(),
         "cpu": cpu_description(),
         "gpu": gpu_description(),
         "models": {role: model_record(role, loaded, models) for role, loaded in models.items()},

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions
+from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
 from mars_bench.config import DrafterConfig, TaskConfig
 from mars_bench.decoding import decode
 from mars_bench.decoding.draft_length import draft_length_policy
@@ -227,8 +227,8 @@ def build_report(suite: Suite, costs: dict[str, Any], raw: dict[str, list[dict[s
     results = {c.name: summarise(c, raw[c.name]) for c in COMPARISONS}
     return {
         "settings": asdict(suite.settings),
-        "environment": {"git": git_state(), "packages": package_versions(), "cpu": cpu_description(),
-                        "gpus": gpu_description()},  # fmt: skip
+        "environment": {"git": git_state(), "source_sha256": source_hash(), "packages": package_versions(),
+                        "cpu": cpu_description(), "gpus": gpu_description()},  # fmt: skip
         "repeats_done": repeats_done,
         "prompts": len(suite.prompts),
         "assisted_generation": assistant_settings(suite.draft.model),
