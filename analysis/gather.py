@@ -47,11 +47,15 @@ def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
     Every table groups by the ``drafter`` column, so two shapes of one drafter stay apart; a drafter
     with one setting keeps its bare name. Records older than ``drafter_setting`` are told apart by gamma.
     """
-    fallback = "gamma=" + frame["gamma"].astype("string") if "gamma" in frame else pd.Series("", index=frame.index)
+    if "gamma" in frame:  # Int64: a column with gaps is float, and 5.0 must read as 5
+        fallback = "gamma=" + pd.to_numeric(frame["gamma"]).astype("Int64").astype("string")
+    else:
+        fallback = pd.Series("", index=frame.index)
     setting = frame["drafter_setting"].fillna(fallback) if "drafter_setting" in frame else fallback
-    setting = setting.fillna("").astype(str)
+    setting = setting.astype("string").replace("", pd.NA)  # unknown (a failed row from an old writer): bare name
     shapes = setting.groupby(frame["drafter"]).transform("nunique")
-    frame["drafter"] = frame["drafter"].where(shapes <= 1, frame["drafter"] + " (" + setting + ")")
+    named = (shapes > 1) & setting.notna()
+    frame.loc[named, "drafter"] = frame.loc[named, "drafter"] + " (" + setting[named] + ")"
     return frame
 
 

@@ -235,7 +235,12 @@ def test_two_shapes_of_one_drafter_are_two_settings_and_one_shape_keeps_its_bare
 def test_records_older_than_drafter_setting_are_told_apart_by_gamma(tmp_path):
     write_run(tmp_path / "a", [record(0, "baseline", 10, 2.0, 9, gamma=3), record(0, "mars", 10, 1.0, 3, gamma=3)])
     write_run(tmp_path / "b", [record(0, "baseline", 10, 2.0, 9, gamma=5), record(0, "mars", 10, 1.0, 3, gamma=5)])
-    assert set(method_summary(gather([tmp_path]))["drafter"]) == {"model (gamma=3)", "model (gamma=5)"}
+    write_run(tmp_path / "c", [record(0, "mars", 0, 0.0, 0, status="failed")])  # no gamma: the column turns float
+    new = [record(0, m, 10, 2.0, 9, gamma=5, drafter_setting="gamma=5") for m in ("baseline", "mars")]
+    write_run(tmp_path / "d", new)  # a newer writer, same setting as "b"
+    frame = gather([tmp_path])
+    assert set(method_summary(frame)["drafter"]) == {"model (gamma=3)", "model (gamma=5)"}
+    assert set(frame["drafter"]) == {"model (gamma=3)", "model (gamma=5)", "model"}  # the failed row: setting unknown
 
 
 def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
