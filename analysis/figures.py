@@ -27,8 +27,14 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
+def _drafter_title(name: str) -> str:
+    """The readable drafter name, its setting kept: ``model (gamma=3)`` -> ``separate draft model (gamma=3)``."""
+    base, bracket, setting = name.partition(" (")
+    return DRAFTERS.get(base, base) + bracket + setting
+
+
 def _title(summary: pd.DataFrame) -> str:
-    drafters = [DRAFTERS.get(name, name) for name in sorted(map(str, summary["drafter"].unique()))]
+    drafters = [_drafter_title(name) for name in sorted(map(str, summary["drafter"].unique()))]
     parts = [f"target {', '.join(sorted(map(str, summary['model'].unique())))}",
              f"drafter: {', '.join(drafters)}",
              f"T = {', '.join(f'{t:g}' for t in sorted(summary['temperature'].unique()))}"]  # fmt: skip

@@ -42,7 +42,7 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
 
 
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
-    """Where one drafter ran with several settings (gamma, tree shape), name each: ``model_tree (gamma=5,top_k=3)``.
+    """Where one drafter ran with several settings (gamma, tree shape), name each: ``model (gamma=3)``.
 
     Every table groups by the ``drafter`` column, so two shapes of one drafter stay apart; a drafter
     with one setting keeps its bare name. Records older than ``drafter_setting`` are told apart by gamma.

@@ -74,7 +74,6 @@ DRAFTER_PARAMS = {
     "layerskip": ("gamma", "layers"),
     "lookup": ("gamma", "min_ngram", "max_ngram"),
 }
-LENGTH_PARAMS = {"fixed": (), "schedule": ("max_gamma",), "confidence": ("min_confidence",)}
 
 VERIFIER_PARAMS = {
     "exact": (),
@@ -135,8 +134,15 @@ def verifier_params(verifier: Any) -> dict[str, Any]:
 
 def drafter_setting(drafter: Any) -> str:
     """The drafter's shaping keys from a DrafterConfig as ``key=value`` pairs, e.g. ``gamma=5,top_k=3,tree_tokens=16``."""
-    keys = (*DRAFTER_PARAMS.get(drafter.name, ("gamma",)), *LENGTH_PARAMS.get(drafter.length, ()))
-    return ",".join(f"{key}={getattr(drafter, key)}" for key in keys)
+    return ",".join(f"{key}={getattr(drafter, key)}" for key in DRAFTER_PARAMS.get(drafter.name, ("gamma",)))
+
+
+def max_draft_depth(drafter: Any) -> int:
+    """The deepest draft a draft-length schedule may ask for: ``max_gamma``, and for a tree no
+    deeper than its node budget holds (``tree_tokens - 1``), so the schedule never runs ahead of it."""
+    if drafter.name in TREE_DRAFTERS:
+        return min(drafter.max_gamma, drafter.tree_tokens - 1)
+    return drafter.max_gamma
 
 
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from analysis.__main__ import main
 from analysis.acceptance import OUTCOMES, acceptance_by_margin, alpha_per_depth, positions, shadow_label, shadow_table
 from analysis.cells import NotEnoughData, method_summary
-from analysis.figures import pareto_front
+from analysis.figures import _drafter_title, pareto_front
 from analysis.gather import NoRecordsError, gather
 from analysis.quality import quality_table
 from analysis.tables import table1, to_latex, to_markdown
@@ -230,6 +230,11 @@ def test_two_shapes_of_one_drafter_are_two_settings_and_one_shape_keeps_its_bare
     speedups = dict(zip(*method_summary(gather([tmp_path]))[["drafter", "speedup"]].T.values))
     assert speedups == {"model (gamma=5,top_k=3,tree_tokens=16)": 2.0, "model (gamma=7,top_k=10,tree_tokens=50)": 4.0}
     assert set(table1(gather([tmp_path / "small"])).index.get_level_values("drafter")) == {"model"}
+
+
+def test_figure_titles_keep_the_readable_drafter_name_and_its_setting():
+    assert _drafter_title("model (gamma=3)") == "separate draft model (gamma=3)"
+    assert _drafter_title("model_tree") == "model_tree"
 
 
 def test_records_older_than_drafter_setting_are_told_apart_by_gamma(tmp_path):

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key
 from mars_bench.bench.manifest import build_manifest, write_manifest
-from mars_bench.bench.records import Record, RecordWriter, finite_or_none
-from mars_bench.config import check_run_config, drafter_setting, shadow_verifiers, verifier_params
+from mars_bench.bench.records import SCHEMA_VERSION, Record, RecordWriter, finite_or_none
+from mars_bench.config import check_run_config, drafter_setting, max_draft_depth, shadow_verifiers, verifier_params
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.drafting import drafter_for
@@ -169,7 +169,7 @@ class Cell:
             stop_token_ids=self.stops,
             seed=seed,
             shadow=list(self.shadows.values()) if method.verifier is not None else (),
-            draft_length=draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma),
+            draft_length=draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, max_draft_depth(cfg.drafter)),
         )
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -261,7 +261,8 @@ class Cell:
         key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
         if shared and (row := self.baselines.get(key)) is not None:
             keys = cell_keys(self.cfg, self.name, self.methods[1].verifier)
-            return Record(**{**row, **keys, "baseline_from": row["baseline_from"] or row["cell"]})
+            copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION}
+            return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
         result = self.decode(method, prompt, seed=seed)
         answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         record = self.record(question, turn, method, prompt, result, answer)

@@ -94,8 +94,8 @@ def model_record(role: str, loaded: Any, models: dict[str, Any]) -> dict[str, An
 def source_hash(root: Path = REPO_ROOT, folders: tuple[str, ...] = ("mars_bench", "conf")) -> str:
     """sha256 over the harness's own code and configs (``*.py``, ``*.yaml`` below ``folders``).
 
-    Names the code that ran where git cannot: a run from an exported tree or an installed copy.
-    Hash a checkout the same way to find its commit.
+    Names the code where git cannot: a run from an exported tree (``git archive``). Hash a
+    checkout the same way to find its commit. Taken when the manifest is written.
     """
     digest = hashlib.sha256()
     files = sorted(p for folder in folders for p in (root / folder).rglob("*") if p.suffix in (".py", ".yaml"))
