@@ -14,6 +14,13 @@ from mars_bench.kvcache import cached_logits, crop_to
 from mars_bench.models import input_device
 
 
+def synced_time(device: torch.device) -> float:
+    """``time.perf_counter()``, after a CUDA sync when ``device`` is a GPU (its queued work done)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class ForwardTimer:
     """Wall seconds spent inside the top-level forward calls of ``models`` while in the block.
 
@@ -28,21 +35,18 @@ class ForwardTimer:
         self.seconds = 0.0
         self.calls = 0
         self._handles: list[Any] = []
+        self._devices: dict[int, torch.device] = {}  # id(model) -> its input device, resolved once per block
         self._started = 0.0
 
-    def _now(self, model: Any) -> float:
-        if input_device(model).type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
     def _start(self, model: Any, args: Any) -> None:
-        self._started = self._now(model)
+        self._started = synced_time(self._devices[id(model)])
 
     def _stop(self, model: Any, args: Any, output: Any) -> None:
-        self.seconds += self._now(model) - self._started
+        self.seconds += synced_time(self._devices[id(model)]) - self._started
         self.calls += 1
 
     def __enter__(self) -> ForwardTimer:
+        self._devices = {id(model): input_device(model) for model in self.models}
         for model in self.models:
             self._handles += [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._stop)]
         return self
@@ -65,13 +69,9 @@ def forward_seconds(model: Any, context: int, width: int, repeats: int = 10) -> 
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
         crop_to(cache, context)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = synced_time(device)
         cached_logits(model, tokens[context:], cache)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        times.append(synced_time(device) - start)
     return statistics.median(times[1:])
 
 

@@ -210,6 +210,9 @@ def analytic_model(settings: PerfSettings, costs: dict[str, Any], results: dict[
 def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every comparison, ``settings.repeats`` times; ``after_repeat`` gets the report over the
     repeats done so far (so an interrupted run keeps what it measured)."""
+    # Read once, as the run starts: a report rewritten after each repeat describes that start.
+    environment = {"git": git_state(), "source_sha256": source_hash(), "packages": package_versions(),
+                   "cpu": cpu_description(), "gpus": gpu_description()}  # fmt: skip
     suite = Suite(settings)
     suite.warm_up()
     costs = forward_costs(suite)
@@ -217,18 +220,19 @@ def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], N
     for repeat in range(settings.repeats):
         for comparison in COMPARISONS:
             raw[comparison.name].append(suite.repeat(comparison, repeat))
-        report = build_report(suite, costs, raw, repeat + 1)
+        report = build_report(suite, environment, costs, raw, repeat + 1)
         if after_repeat is not None:
             after_repeat(report)
     return report
 
 
-def build_report(suite: Suite, costs: dict[str, Any], raw: dict[str, list[dict[str, Any]]], repeats_done: int) -> dict[str, Any]:
+def build_report(
+    suite: Suite, environment: dict[str, Any], costs: dict[str, Any], raw: dict[str, list[dict[str, Any]]], repeats_done: int
+) -> dict[str, Any]:
     results = {c.name: summarise(c, raw[c.name]) for c in COMPARISONS}
     return {
         "settings": asdict(suite.settings),
-        "environment": {"git": git_state(), "source_sha256": source_hash(), "packages": package_versions(),
-                        "cpu": cpu_description(), "gpus": gpu_description()},  # fmt: skip
+        "environment": environment,
         "repeats_done": repeats_done,
         "prompts": len(suite.prompts),
         "assisted_generation": assistant_settings(suite.draft.model),
