@@ -4,21 +4,25 @@ folders and write the tables, figures and an index.md that links them."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from analysis import acceptance, figures
-from analysis.cells import NotEnoughData, method_summary
-from analysis.gather import NoRecordsError, gather
-from analysis.quality import quality_table
-from analysis.tables import table1, to_latex, to_markdown
+from . import acceptance, figures
+from .cells import NotEnoughData, method_summary
+from .gather import NoRecordsError, gather
+from .quality import quality_table
+from .tables import table1, to_latex, to_markdown
 
 DESCRIPTIONS = {
-    "settings": "every setting (target, drafter, task, temperature, verifier, theta): prompts, speedup with its bootstrap "
-    "95% CI, tau, acceptance and trigger rates, score with its CI.",
+    "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, speedup with its "
+    "bootstrap 95% CI, tau, acceptance rate, the verifier's own trigger rate (empty for a verifier without a trigger), "
+    "margin_over_0.9 (a counterfactual from the recorded margins, for every verifier: the share of verified positions "
+    "where the paper's rule at theta 0.9 would relax), score with its CI.",
     "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline) and tau per target, "
     "drafter, temperature and verifier, column groups per task, unweighted Mean.",
     "threshold ablation": "speedup, tau, score and trigger rate against theta on one x axis, one line per task; dashed: "
@@ -59,9 +63,25 @@ class Report:
         return [f"{name}.md", f"{name}.csv"]
 
 
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """The records as Parquet, written whole or not at all. Mapping columns (``shadow_accepted``:
+    shadow -> drafts kept per step) are stored as JSON text: their keys differ between runs, and a
+    run without shadows has only empty mappings, which Parquet cannot store as a struct."""
+    table = frame.copy()
+    for column in [name for name in table.columns if pd.api.types.is_object_dtype(table[name])]:
+        if table[column].map(lambda value: isinstance(value, dict)).any():
+            table[column] = table[column].map(lambda value: json.dumps(value) if isinstance(value, dict) else None)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        table.to_parquet(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def write_all(frame: pd.DataFrame, out: Path) -> Report:
     report = Report(out)
-    frame.to_parquet(out / "records.parquet")
+    write_parquet(frame, out / "records.parquet")
     runs = frame["run_dir"].nunique()
     report.lines.append(f"- [records.parquet](records.parquet): all {len(frame)} records, gathered from {runs} run folders.")
     try:
@@ -112,8 +132,19 @@ def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
     report.make("shadow", lambda: report.table("shadow", acceptance.shadow_table(frame), {"prompts": "{}", "drafted": "{}"}))
 
 
+def portable_command(folders: list[str], out: Path) -> str:
+    """The command that made the output, naming no folder of this machine: each run folder by its
+    own name below a placeholder ``RUNS``, the output folder likewise where it lies inside one."""
+    runs = [Path(folder).resolve() for folder in folders]
+    named = [f"RUNS/{run.name}" for run in runs]
+    target = out.resolve()
+    inside = next((run for run in runs if run == target or run in target.parents), None)
+    out_name = (Path("RUNS", inside.name) / target.relative_to(inside)).as_posix() if inside else target.name
+    return f"python -m analysis {' '.join(named)} --out {out_name}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__ or 'analysis'}", description=__doc__)
     parser.add_argument("folders", nargs="+", help="run or sweep folders (searched recursively for records.jsonl)")
     parser.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
     args = parser.parse_args(argv)
@@ -125,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = write_all(frame, out)
-    index = ["# Analysis", "", f"Made by `python -m analysis {' '.join(args.folders)} --out {args.out}`.", "", *report.lines]
+    index = ["# Analysis", "", f"Made by `{portable_command(args.folders, out)}`.", "", *report.lines]
     if report.skipped:
         index += ["", "Not made from these records:", "", *report.skipped]
     (out / "index.md").write_text("\n".join(index) + "\n")
@@ -134,5 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``mars-bench-analysis`` command of an installed wheel (``python -m mars_bench.analysis`` there)."""
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()

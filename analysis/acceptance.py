@@ -7,11 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.cells import NotEnoughData, method_rows
+from mars_bench.reasons import Reason
+
+from .cells import NotEnoughData, method_rows, varying_labels
 
 KEYS = ["model", "drafter", "task", "temperature", "label"]
-# the record's reason codes (mars_bench.verification.Reason, not imported: it would pull in torch)
-OUTCOMES = {0: "strict accept", 2: "strict accept", 1: "relaxed accept", 3: "rejected"}
+OUTCOMES = {Reason.EXACT: "strict accept", Reason.SAMPLED: "strict accept", Reason.RELAXED: "relaxed accept",
+            Reason.REJECTED: "rejected"}  # fmt: skip
 MARGIN_BINS = np.array([-np.inf, 0.5, 0.6, 0.7, 0.75, 0.8, 0.84, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0, np.inf])
 
 
@@ -35,12 +37,13 @@ def alpha_per_depth(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def positions(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per verified position: its margin z2 / z1 and its outcome."""
+    """One row per verified position: its margin z2 / z1, its outcome and the verifier's theta (NaN: none)."""
     out = []
     for key, rows in method_rows(frame).groupby(KEYS, sort=True):
         margins = [m for row in rows["margins"] for m in row]
         reasons = [r for row in rows["reasons"] for r in row]
-        out.append(pd.DataFrame({**dict(zip(KEYS, key)), "margin": margins, "reason": reasons}))
+        theta = rows["theta"].iloc[0]  # the verifier's threshold, where it has one
+        out.append(pd.DataFrame({**dict(zip(KEYS, key)), "theta": theta, "margin": margins, "reason": reasons}))
     table = pd.concat(out, ignore_index=True)
     if table.empty:
         raise NotEnoughData("no verified positions in the method rows")
@@ -61,14 +64,13 @@ def acceptance_by_margin(table: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="bin")
 
 
-def shadow_label(raw: str) -> str:
-    """'mars(theta=0.9,guard=never,correction=residual)' -> 'mars (theta 0.9)'; non-default settings stay."""
-    name, _, params = raw.partition("(")
-    settings = dict(item.split("=", 1) for item in params.rstrip(")").split(",") if "=" in item)
-    theta = settings.pop("theta", None)
-    shown = [f"{k} {v}" for k, v in settings.items() if (k, v) not in (("guard", "never"), ("correction", "residual"))]
-    details = ([f"theta {theta}"] if theta not in (None, "None") else []) + shown
-    return f"{name} ({', '.join(details)})" if details else name
+def shadow_labels(raw: list[str]) -> dict[str, str]:
+    """Recorded shadow names (``mars(theta=0.9,guard=never,correction=residual)``) -> table labels
+    that show the settings which differ between shadows of one verifier (``mars (theta=0.84)``)."""
+    parts = [name.partition("(") for name in raw]
+    names = pd.Series([verifier for verifier, _, _ in parts], dtype=object)
+    settings = pd.Series([params.rstrip(")") for _, _, params in parts], dtype=object)
+    return dict(zip(raw, varying_labels(names, settings)))
 
 
 def shadow_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -77,6 +79,7 @@ def shadow_table(frame: pd.DataFrame) -> pd.DataFrame:
     rows = method_rows(frame)
     if "shadow_accepted" not in rows or not rows["shadow_accepted"].map(lambda s: isinstance(s, dict) and bool(s)).any():
         raise NotEnoughData("no method row carries shadow verifiers (run with shadow=[rejection,mars])")
+    labels = shadow_labels(sorted({name for shadows in rows["shadow_accepted"] if isinstance(shadows, dict) for name in shadows}))
     out = []
     for key, group in rows.groupby(KEYS, sort=True):
         drafted = group["drafted"].sum()
@@ -88,6 +91,6 @@ def shadow_table(frame: pd.DataFrame) -> pd.DataFrame:
         for name, count in kept.items():
             shadow = count / drafted if drafted else np.nan
             out.append({**dict(zip(KEYS, key)), "prompts": len(group), "drafted": int(drafted), "live": live,
-                        "shadow": shadow_label(name), "shadow_acceptance": shadow,
+                        "shadow": labels[name], "shadow_acceptance": shadow,
                         "live_minus_shadow": live - shadow})  # fmt: skip
     return pd.DataFrame(out)

@@ -1,40 +1,58 @@
 """Per-setting numbers that every table and figure shares.
 
-A setting is (model, drafter, draft length, task, temperature, verifier, theta). Its method rows are
-paired with the baseline row of the same run folder and prompt; several runs of one setting
-(resumed sweeps, other machines) pool their prompts.
+A setting is (model, drafter, draft length, task, temperature, verifier, theta, verifier setting).
+Its method rows are paired with the baseline row of the same run folder and prompt; several runs
+of one setting (resumed sweeps, other machines) pool their prompts. The numbers themselves come
+from the one summariser of records, ``mars_bench.bench.summary``.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from analysis.gather import finished
-from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, throughput_ratio
+from mars_bench.bench.records import BASELINE
+from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
 
-BASELINE = "baseline"
-SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta"]
-PROMPT = ["question_id", "turn"]
+SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting"]
 
 
 class NotEnoughData(ValueError):
     """A table or figure cannot be made from these records; the message says what is missing."""
 
 
-def method_label(verifier: str, theta: float | None, draft_length: str = "fixed") -> str:
-    has_theta = verifier in ("mars", "mars_ref") and theta is not None and not pd.isna(theta)
-    label = f"{verifier} (theta {theta:g})" if has_theta else verifier
-    return label if draft_length == "fixed" else f"{label}, {draft_length} length"
+def parse_setting(setting: object) -> dict[str, str]:
+    """``"theta=0.9,guard=never"`` -> {"theta": "0.9", "guard": "never"}; empty for none."""
+    if not isinstance(setting, str) or not setting:
+        return {}
+    return dict(item.split("=", 1) for item in setting.split(",") if "=" in item)
+
+
+def varying_labels(names: pd.Series, settings: pd.Series) -> pd.Series:
+    """``name (key=value, ...)`` with the keys whose values differ between the settings of the same
+    name (a threshold sweep: ``mars (theta=0.84)``); a name run with one setting keeps its bare name."""
+    parsed = [parse_setting(s) for s in settings]
+    varying: dict[str, set[str]] = {}
+    for name in set(names):
+        mine = [p for n, p in zip(names, parsed) if n == name]
+        keys = {k for p in mine for k in p}
+        varying[name] = {k for k in keys if len({p.get(k) for p in mine}) > 1}
+    labels = []
+    for name, setting in zip(names, parsed):
+        shown = [f"{k}={v}" for k, v in setting.items() if k in varying[name]]
+        labels.append(f"{name} ({', '.join(shown)})" if shown else name)
+    return pd.Series(labels, index=names.index, dtype=object)
 
 
 def method_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Finished rows of the verifiers (not the baselines), one per setting and prompt, labelled."""
+    """Finished rows of the verifiers (not the baselines), one per setting and prompt, labelled
+    with the verifier's setting where it varies and the draft-length policy where it is not fixed."""
     ok = finished(frame)
     rows = ok[ok["method"] != BASELINE].copy()
     if rows.empty:
         raise NotEnoughData("no finished method rows (only baselines or failures)")
-    rows["label"] = [method_label(v, t, n) for v, t, n in zip(rows["verifier"], rows["theta"], rows["draft_length"])]
+    labels = varying_labels(rows["verifier"], rows["verifier_setting"])
+    rows["label"] = [label if length == "fixed" else f"{label}, {length} length"
+                     for label, length in zip(labels, rows["draft_length"])]  # fmt: skip
     return rows
 
 
@@ -48,40 +66,23 @@ def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
 def paired(frame: pd.DataFrame) -> pd.DataFrame:
     """Method rows with the baseline of their own run folder and prompt (columns ``*_base``)."""
     ok = finished(frame)
-    base = ok[ok["method"] == BASELINE][["run_dir", *PROMPT, "new_tokens", "seconds"]]
-    pairs = method_rows(frame).merge(base, on=["run_dir", *PROMPT], suffixes=("", "_base"))
+    pairs = pair_with_baseline(method_rows(frame), ok[ok["method"] == BASELINE], ["run_dir", *PROMPT])
     if pairs.empty:
         raise NotEnoughData("no run folder has both baseline and method rows for the same prompt")
     return pairs
 
 
-def summarise_setting(rows: pd.DataFrame) -> dict[str, float]:
-    """Speed, acceptance and quality of one setting's paired rows."""
-    speed = (rows["new_tokens"], rows["seconds"], rows["new_tokens_base"], rows["seconds_base"])
-    low, high = bootstrap_ratio_ci(*speed)
-    scores = rows["score"].dropna()
-    score_low, score_high = bootstrap_mean_ci(scores)
-    steps, drafted, verified = rows["steps"].sum(), rows["drafted"].sum(), rows["verified_positions"].sum()
-    return {
-        "prompts": len(rows),
-        "speedup": throughput_ratio(*speed),
-        "speedup_ci_low": low,
-        "speedup_ci_high": high,
-        "tau": rows["emitted"].sum() / steps if steps else np.nan,
-        "acceptance_rate": rows["accepted"].sum() / drafted if drafted else np.nan,
-        "relaxed_share": rows["relaxed"].sum() / rows["accepted"].sum() if rows["accepted"].sum() else np.nan,
-        "trigger_rate": rows["trigger_count"].sum() / verified if verified else np.nan,
-        "score": scores.mean() if len(scores) else np.nan,
-        "score_ci_low": score_low,
-        "score_ci_high": score_high,
-    }
-
-
 def method_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per setting: prompts, speedup [CI], tau, acceptance, trigger rate, score [CI]."""
+    """One row per setting: prompts, speedup [CI], tau, acceptance, trigger rate, score [CI]; and
+    ``margin_over_0.9``, the share of verified positions whose recorded margin z2 / z1 lies in (0.9, 1],
+    i.e. where the paper's rule at theta 0.9 would have relaxed: computed from the margins for every
+    verifier, strict ones included (a counterfactual, not what the verifier did)."""
     pairs = paired(frame)
     out = []
     for key, rows in pairs.groupby(SETTING, dropna=False, sort=True):
         rows = rows.drop_duplicates(["run_dir", *PROMPT])
-        out.append({**dict(zip(SETTING, key)), "label": rows["label"].iloc[0], **summarise_setting(rows)})
+        margins = pd.to_numeric(pd.Series([m for row in rows["margins"] for m in row], dtype=object))
+        counterfactual = ((margins > 0.9) & (margins <= 1.0)).mean() if len(margins) else float("nan")
+        out.append({**dict(zip(SETTING, key)), "label": rows["label"].iloc[0], **summarise_paired(rows),
+                    "margin_over_0.9": counterfactual})  # fmt: skip
     return pd.DataFrame(out)

@@ -15,10 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.cells import NotEnoughData  # noqa: E402
+from .cells import NotEnoughData  # noqa: E402
 
 DPI = 130
-DRAFTERS = {"model": "separate draft model", "layerskip": "layer-skip", "lookup": "prompt lookup"}
+DRAFTERS = {"model": "separate draft model", "model_tree": "separate draft model, top-k tree", "layerskip": "layer-skip",
+            "lookup": "prompt lookup", "eagle3": "EAGLE-3 head", "none": "no drafter"}  # fmt: skip
 
 
 def _save(figure, path: Path) -> Path:
@@ -108,7 +109,8 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path:
                           yerr=[[row["score"] - row["score_ci_low"]], [row["score_ci_high"] - row["score"]]],
                           alpha=0.5, capsize=2)  # fmt: skip
             below = marker == "s"  # other verifiers labelled under their point, thetas above: fewer overlaps
-            axis.annotate(row["label"].replace("mars (theta ", "θ=").rstrip(")"), (row["speedup"], row["score"]),
+            text = row["label"] if below or pd.isna(row["theta"]) else f"θ={row['theta']:g}"
+            axis.annotate(text, (row["speedup"], row["score"]),
                           fontsize=7, xytext=(4, -10 if below else 4), textcoords="offset points")  # fmt: skip
         front = pareto_front(rows)
         axis.plot(front["speedup"], front["score"], color="black", linewidth=1, marker="o", markersize=11,
@@ -156,9 +158,9 @@ def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path
             margins = rows.loc[rows["outcome"] == outcome, "margin"].clip(low, 1.0)
             if len(margins):
                 axis.hist(margins, bins=bins, histtype="step", linewidth=1.5, color=color, label=f"{outcome} (n={len(margins)})")
-        theta = label.split("theta ")[-1].rstrip(")") if "theta" in label else None
-        if theta:
-            axis.axvline(float(theta), color="black", linestyle=":", linewidth=1, label=f"theta {theta}")
+        theta = table.loc[table["label"] == label, "theta"].iloc[0]
+        if pd.notna(theta):
+            axis.axvline(float(theta), color="black", linestyle=":", linewidth=1, label=f"theta {theta:g}")
         axis.set_yscale("log")
         axis.set_title(label, fontsize=9)
         axis.legend(fontsize=6)

@@ -8,8 +8,8 @@ import pandas as pd
 
 from mars_bench.bench.records import RECORDS_FILE, read_rows
 
-OPTIONAL = {"theta": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
-            "trigger_count": 0, "verified_positions": 0, "draft_length": "fixed"}  # fmt: skip
+OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
+            "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1}  # fmt: skip
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted")
 
 
@@ -38,7 +38,28 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
-    return name_drafter_settings(frame)
+    return name_drafter_settings(upgrade_old_records(frame))
+
+
+def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """Read records of schema 3 and older as the current writer would have written them.
+
+    Those writers counted the paper's trigger (theta 0.9, guard never) for every verifier; a row
+    without a theta ran a verifier without a trigger, so its count is dropped. They wrote no
+    ``verifier_setting``: theta and guard, where set, stand in for it.
+    """
+    old = frame["schema_version"] < 4
+    if not old.any():
+        return frame
+    frame["trigger_count"] = frame["trigger_count"].astype(object)
+    frame.loc[old & frame["theta"].isna(), "trigger_count"] = None
+    fallback = [",".join(f"{key}={value}" for key, value in (("theta", theta), ("guard", guard)) if pd.notna(value))
+                for theta, guard in zip(frame["theta"], frame["guard"])]  # fmt: skip
+    if "verifier_setting" not in frame:
+        frame["verifier_setting"] = None
+    frame["verifier_setting"] = frame["verifier_setting"].astype(object)
+    frame.loc[old, "verifier_setting"] = pd.Series(fallback, index=frame.index)[old]
+    return frame
 
 
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
@@ -57,11 +78,3 @@ def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
     named = (shapes > 1) & setting.notna()
     frame.loc[named, "drafter"] = frame.loc[named, "drafter"] + " (" + setting[named] + ")"
     return frame
-
-
-def finished(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows that decoded successfully, with their total seconds and tokens after the prefill's."""
-    ok = frame[frame["status"] == "ok"].copy()
-    ok["seconds"] = ok["prefill_s"] + ok["decode_s"]
-    ok["emitted"] = ok["new_tokens"] - 1
-    return ok

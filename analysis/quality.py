@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.cells import PROMPT, NotEnoughData, baseline_rows, method_rows
 from mars_bench.bench.stats import bootstrap_mean_ci, paired_permutation_p
+
+from .cells import PROMPT, NotEnoughData, baseline_rows, method_rows
 
 GROUP = ["model", "drafter", "task", "temperature"]
 

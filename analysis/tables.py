@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.cells import method_summary
+from .cells import method_summary
 
 ROWS = ["model", "drafter", "temperature", "label"]
 

@@ -89,7 +89,7 @@ def main() -> None:
                 handle.flush()
                 print(
                     f"prompt {index} {label}: {result.new_tokens} tokens, tau {result.tau:.2f}, "
-                    f"{result.new_tokens / (result.prefill_s + result.decode_s):.2f} tok/s",
+                    f"{result.tokens_per_s:.2f} tok/s",
                     flush=True,
                 )
     summarise(rows)

@@ -32,7 +32,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from mars_bench import decode
 from mars_bench.decoding.clock import Clock
 from mars_bench.decoding.engine import block_parents
-from mars_bench.drafting.eagle3 import Eagle3Drafter, eagle3_head_from_state, random_head_state
+from mars_bench.drafting.eagle3 import Eagle3Drafter, Eagle3Settings, eagle3_head_from_state, random_head_state
 from mars_bench.kvcache import cached_forward, crop_to
 from mars_bench.models import steady_attention_kernels
 from mars_bench.trees import node_depths
@@ -92,7 +92,7 @@ def build_drafter(target: LlamaForCausalLM, draft_vocab: int, dtype: torch.dtype
     }
     state = random_head_state(head_config, device=device, scale=0.02)
     head = eagle3_head_from_state(head_config, state, target, dtype=dtype, device=device)
-    return Eagle3Drafter(target, head, top_k=TOP_K, tree_tokens=TREE_TOKENS)
+    return Eagle3Drafter(target, head, Eagle3Settings(top_k=TOP_K, tree_tokens=TREE_TOKENS))
 
 
 def median_ms(call, clock: Clock, repeats: int, warmup: int = 3) -> float:

@@ -12,8 +12,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from mars_bench.config import register_configs
+from mars_bench.paths import CONF_DIR as CONF_PATH
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(CONF_PATH)
 register_configs()
 
 
@@ -67,5 +68,17 @@ def check_writable(folder: Path) -> None:
         ) from None
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """Refuse a misspelt drafter or verifier key in one line before Hydra composes the config."""
+    from mars_bench.config import check_override_keys
+
+    try:
+        check_override_keys(sys.argv[1:])
+    except ValueError as error:
+        print(f"mars_bench: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     main()
+
+
+if __name__ == "__main__":
+    start()

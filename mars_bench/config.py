@@ -7,18 +7,25 @@ before any model is loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
+from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
-from mars_bench.drafting import check_drafter_name
-from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS, check_min_confidence
+from mars_bench.drafting import (
+    available_drafters,
+    build_settings,
+    check_drafter_name,
+    drafter_needs_model,
+    drafter_settings,
+    is_tree_drafter,
+)
+from mars_bench.drafting.model import check_min_confidence
 from mars_bench.drafting.tree import TreeShape
-from mars_bench.models import check_memory_budget, parse_dtype
-from mars_bench.verification import get_verifier
+from mars_bench.placement import check_memory_budget, parse_dtype
+from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
 
@@ -32,56 +39,76 @@ class ModelConfig:
     eagle3_head: str | None = None  # the EAGLE-3 draft head for drafter=eagle3 (a folder or Hub id)
     dtype: str = "bfloat16"
     device_map: str | None = None
-    max_memory: dict[Any, str] | None = None  # per device (0, 1, ..., cpu, disk): the target's budget
+    # per device (0, 1, ..., cpu, disk): the target's budget, e.g. {0: 70GiB, 1: 70GiB}. Typed Any: Hydra
+    # cannot put a command line's model.max_memory='{0:70GiB,1:70GiB}' into a None typed as a dict.
+    max_memory: Any = None
     offload_folder: str | None = None  # a folder allows disk offload
     attn_implementation: str = "sdpa"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class DrafterConfig:
+class DrafterCommon:
+    """The keys every drafter takes: the engine's draft length. Each drafter's own settings are
+    declared once, by the drafter (``drafter_settings(name)``), and added by ``settings_schema``."""
+
     name: str = "model"
-    gamma: int = 5  # drafted tokens per step
-    layers: int | None = None  # layerskip depth (default: a quarter of the target's layers)
-    max_ngram: int = 3  # lookup
-    min_ngram: int = 1
+    gamma: int = 5  # drafted tokens per step (a tree's depth)
     length: str = "fixed"  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence
     max_gamma: int = 16  # schedule: the most drafts per step
     min_confidence: float = 0.4  # confidence: stop drafting after a token the drafter gives q below this
-    top_k: int = 10  # tree drafters (model_tree, eagle3): children per expanded node, nodes expanded per depth
-    tree_tokens: int = 50  # tree drafters: the root plus every drafted node (EAGLE's total_token); gamma is the depth
 
 
 @dataclass
-class VerifierConfig:
+class VerifierCommon:
+    """The verifier's name; its settings are declared once, by the verifier (``verifier_settings(name)``)."""
+
     name: str = "mars"
-    theta: float | None = 0.9
-    guard: str = "never"
-    correction: str = "residual"
-    epsilon: float = 0.09
-    delta: float = 0.3
 
 
-TREE_DRAFTERS = ("model_tree", "eagle3")
+def settings_schema(common: type, settings: dict[str, type]) -> tuple[type, dict[str, type]]:
+    """The structured config of a plugin group, built from the plugins' own settings dataclasses.
 
-# The DrafterConfig keys that shape each drafter's drafts; the records carry them (``drafter_setting``)
-# so that an analysis tells two shapes of one drafter apart. A drafter not listed here is shaped by gamma.
-DRAFTER_PARAMS = {
-    "none": (),
-    "model": ("gamma",),
-    "model_tree": ("gamma", "top_k", "tree_tokens"),
-    "eagle3": ("gamma", "top_k", "tree_tokens"),
-    "layerskip": ("gamma", "layers"),
-    "lookup": ("gamma", "min_ngram", "max_ngram"),
-}
+    Returns the group's schema (the common keys plus every plugin's settings, so that a shadow
+    verifier or a sweep override can read any of them; a key two plugins share takes the first
+    one's default) and, per plugin, a subclass whose defaults are that plugin's own
+    (``conf/<group>/<name>.yaml`` extends ``<name>_schema``).
+    """
+    hints: dict[str, Any] = {}
+    own_defaults: dict[str, dict[str, Any]] = {}
+    for plugin, settings_class in settings.items():
+        types = get_type_hints(settings_class)
+        own_defaults[plugin] = {item.name: _default(item) for item in fields(settings_class)}
+        for key in own_defaults[plugin]:
+            if hints.setdefault(key, types[key]) != types[key]:
+                raise TypeError(f"setting {key!r} of {plugin} has type {types[key]}, another plugin's has {hints[key]}")
+    first: dict[str, Any] = {}
+    for defaults in own_defaults.values():
+        for key, value in defaults.items():
+            first.setdefault(key, value)
+    union = [(key, hints[key], field(default=value)) for key, value in first.items()]
+    schema = make_dataclass(common.__name__.replace("Common", "Config"), union, bases=(common,))
+    per_plugin = {
+        plugin: make_dataclass(f"{plugin}_schema", [("name", str, field(default=plugin)),
+                               *((key, hints[key], field(default=value)) for key, value in defaults.items())],
+                               bases=(schema,))  # fmt: skip
+        for plugin, defaults in own_defaults.items()
+    }
+    return schema, per_plugin
 
-VERIFIER_PARAMS = {
-    "exact": (),
-    "rejection": (),
-    "mars": ("theta", "guard", "correction"),
-    "mars_ref": ("theta",),
-    "typical": ("epsilon", "delta"),
-}
+
+def _default(item: Any) -> Any:
+    if item.default is not MISSING:
+        return item.default
+    if item.default_factory is not MISSING:
+        return item.default_factory()
+    raise TypeError(f"setting {item.name!r} has no default")
+
+
+DrafterConfig, DRAFTER_SCHEMAS = settings_schema(DrafterCommon, {name: drafter_settings(name) for name in available_drafters()})
+VerifierConfig, VERIFIER_SCHEMAS = settings_schema(
+    VerifierCommon, {name: verifier_settings(name) for name in available_verifiers()}
+)
 
 
 @dataclass
@@ -123,38 +150,98 @@ def register_configs() -> None:
     store.store(group="drafter", name="drafter_schema", node=DrafterConfig)
     store.store(group="verifier", name="verifier_schema", node=VerifierConfig)
     store.store(group="task", name="task_schema", node=TaskConfig)
+    for group, schemas in (("drafter", DRAFTER_SCHEMAS), ("verifier", VERIFIER_SCHEMAS)):
+        for name, schema in schemas.items():
+            store.store(group=group, name=f"{name}_schema", node=schema)
+
+
+def plugin_settings(settings_class: type, config: Any) -> dict[str, Any]:
+    """The values of ``settings_class``'s fields in a config node (a drafter's or verifier's)."""
+    return {item.name: getattr(config, item.name) for item in fields(settings_class)}
 
 
 def verifier_params(verifier: Any) -> dict[str, Any]:
-    """The settings the named verifier takes, from a VerifierConfig."""
-    if verifier.name not in VERIFIER_PARAMS:
-        get_verifier(verifier.name)  # raises the one-line unknown-name error
-    return {key: getattr(verifier, key) for key in VERIFIER_PARAMS[verifier.name]}
+    """The settings the named verifier takes, from the ``verifier`` config node."""
+    return plugin_settings(verifier_settings(verifier.name), verifier)
+
+
+def drafter_params(drafter: Any) -> dict[str, Any]:
+    """The settings the named drafter takes, from the ``drafter`` config node."""
+    return plugin_settings(drafter_settings(drafter.name), drafter)
+
+
+def setting_string(values: dict[str, Any]) -> str:
+    """``key=value`` pairs joined by commas, as records carry a plugin's setting: ``theta=0.9,guard=never``."""
+    return ",".join(f"{key}={value}" for key, value in values.items())
 
 
 def drafter_setting(drafter: Any) -> str:
-    """The drafter's shaping keys from a DrafterConfig as ``key=value`` pairs, e.g. ``gamma=5,top_k=3,tree_tokens=16``."""
-    return ",".join(f"{key}={getattr(drafter, key)}" for key in DRAFTER_PARAMS.get(drafter.name, ("gamma",)))
+    """The keys that shape the drafter's drafts: gamma and its own settings, e.g. ``gamma=5,top_k=3,tree_tokens=16``."""
+    return setting_string({"gamma": drafter.gamma, **drafter_params(drafter)})
 
 
 def max_draft_depth(drafter: Any) -> int:
     """The deepest draft a draft-length schedule may ask for: ``max_gamma``, and for a tree no
     deeper than its node budget holds (``tree_tokens - 1``), so the schedule never runs ahead of it."""
-    if drafter.name in TREE_DRAFTERS:
+    if is_tree_drafter(drafter.name):
         return min(drafter.max_gamma, drafter.tree_tokens - 1)
     return drafter.max_gamma
 
 
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:
-    """label -> Verifier for each name in ``cfg.shadow``; settings (theta, ...) come from cfg.verifier."""
+    """label -> Verifier for each name in ``cfg.shadow``, its settings (theta, ...) from cfg.verifier.
+
+    The label is the name with its settings: ``mars(theta=0.9,guard=never,correction=residual)``."""
     shadows = {}
     for name in cfg.shadow:
-        if name not in VERIFIER_PARAMS:
-            raise ValueError(f"shadow verifier {name!r} is unknown: allowed are {', '.join(VERIFIER_PARAMS)}")
-        params = {key: getattr(cfg.verifier, key) for key in VERIFIER_PARAMS[name]}
-        label = name + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
-        shadows[label] = get_verifier(name, **params)
+        if name not in available_verifiers():
+            raise ValueError(f"shadow verifier {name!r} is unknown: allowed are {', '.join(available_verifiers())}")
+        params = plugin_settings(verifier_settings(name), cfg.verifier)
+        shadows[name + (f"({setting_string(params)})" if params else "")] = get_verifier(name, **params)
     return shadows
+
+
+GROUP_SCHEMAS = {  # group -> (its common keys, its schema with every plugin's settings, each plugin's schema)
+    "drafter": (DrafterCommon, DrafterConfig, DRAFTER_SCHEMAS),
+    "verifier": (VerifierCommon, VerifierConfig, VERIFIER_SCHEMAS),
+}
+
+
+def allowed_keys(group: str, plugin: str | None = None) -> str:
+    """The keys of a drafter or verifier config node, as an error lists them: the common ones, then
+    each plugin's own settings (only ``plugin``'s, where given)."""
+    common, _union, schemas = GROUP_SCHEMAS[group]
+    plugins = [plugin] if plugin else sorted(schemas)
+    own = [f"{name}: {' '.join(sorted(keys))}" for name in plugins if (keys := _own_keys(group, name))]
+    return ", ".join(item.name for item in fields(common)) + (f"; {group} settings: {'; '.join(own)}" if own else "")
+
+
+def _own_keys(group: str, plugin: str) -> set[str]:
+    settings = drafter_settings(plugin) if group == "drafter" else verifier_settings(plugin)
+    return {item.name for item in fields(settings)}
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Refuse a command-line ``drafter.KEY=...`` or ``verifier.KEY=...`` whose KEY no drafter or verifier
+    declares, in one line naming the allowed keys (Hydra's own message would not name them)."""
+    for override in overrides:
+        group, dot, rest = override.lstrip("+~").partition(".")
+        key = rest.split("=", 1)[0]
+        if dot and group in GROUP_SCHEMAS and key not in {item.name for item in fields(GROUP_SCHEMAS[group][1])}:
+            raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
+
+
+def check_plugin_keys(group: str, node: Any) -> None:
+    """Refuse a setting of another drafter changed from its default, e.g. ``drafter=lookup drafter.top_k=3``:
+    the drafter would silently ignore it. (Verifier nodes keep every verifier's settings on purpose:
+    shadow verifiers read them.)"""
+    common, union, _schemas = GROUP_SCHEMAS[group]
+    own = _own_keys(group, node.name) | {item.name for item in fields(common)}
+    for item in fields(union):
+        if item.name not in own and getattr(node, item.name) != item.default:
+            value = getattr(node, item.name)
+            raise ValueError(f"{group}.{item.name}={value} is not a setting of {group}={node.name}: "
+                             f"allowed are {allowed_keys(group, node.name)}")  # fmt: skip
 
 
 def check_run_config(cfg: Any) -> None:
@@ -165,7 +252,9 @@ def check_run_config(cfg: Any) -> None:
     shadow_verifiers(cfg)
     check_drafter_name(cfg.drafter.name)
     draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
-    if cfg.drafter.name in TREE_DRAFTERS:
+    check_plugin_keys("drafter", cfg.drafter)
+    build_settings(cfg.drafter.name, **drafter_params(cfg.drafter))
+    if is_tree_drafter(cfg.drafter.name):
         TreeShape(cfg.drafter.gamma, cfg.drafter.top_k, cfg.drafter.tree_tokens)
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
@@ -173,7 +262,7 @@ def check_run_config(cfg: Any) -> None:
         check_min_confidence(cfg.drafter.min_confidence)
     parse_dtype(cfg.model.dtype)
     check_memory_budget(cfg.model.device_map, cfg.model.max_memory)
-    if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS and not cfg.model.draft_model:
+    if drafter_needs_model(cfg.drafter.name) and not cfg.model.draft_model:
         raise ValueError(
             f"drafter={cfg.drafter.name} needs model.draft_model, which model={cfg.model.name} does not set: "
             "use drafter=layerskip or lookup"

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.models import input_device
+from mars_bench.placement import input_device
 from mars_bench.trees import additive_mask, ancestor_matrix, node_depths
 
 

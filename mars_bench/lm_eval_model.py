@@ -12,23 +12,24 @@ requests are refused.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from mars_bench.decoding import decode
-from mars_bench.drafting import drafter_for
-from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS
+from mars_bench.drafting import drafter_for, drafter_needs_model, drafter_settings
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.verification import get_verifier
+from mars_bench.verification import get_verifier, verifier_settings
 
-VERIFIER_KEYS = {"theta", "guard", "correction", "epsilon", "delta"}
+LM_EVAL_ARGS = {"batch_size", "device", "max_batch_size"}  # lm-eval passes these to every model; decoding is one prompt at a time
 
 
 @register_model("mars_bench")
 class MarsBenchLM(LM):
-    """target / draft_model: Hub ids or folders; drafter: model | layerskip | lookup | none."""
+    """target / draft_model: Hub ids or folders; drafter: model | layerskip | lookup | none; any
+    further ``model_args`` are the named drafter's and verifier's own settings (e.g. theta, layers)."""
 
     def __init__(
         self,
@@ -37,35 +38,30 @@ class MarsBenchLM(LM):
         drafter: str = "lookup",
         verifier: str = "exact",
         gamma: int = 5,
-        layers: int | None = None,
         dtype: str = "bfloat16",
         temperature: float = 0.0,
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         seed: int = 0,
-        **verifier_params: Any,
+        **settings: Any,
     ) -> None:
         super().__init__()
-        unknown = set(verifier_params) - VERIFIER_KEYS - {"batch_size", "device", "max_batch_size"}
-        if unknown:
-            raise ValueError(f"unknown model_args {sorted(unknown)}: allowed verifier settings are {sorted(VERIFIER_KEYS)}")
-        self.verifier = get_verifier(verifier, **{k: v for k, v in verifier_params.items() if k in VERIFIER_KEYS})
+        drafter_keys, verifier_keys = split_settings(drafter, verifier, settings)
+        self.verifier = get_verifier(verifier, **verifier_keys)
         self.target = load_model(target, dtype=dtype)
-        self.drafter = self._drafter(drafter, draft_model, dtype, layers)
+        self.drafter = self._drafter(drafter, draft_model, dtype, drafter_keys)
         self.settings = {"gamma": int(gamma), "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
         self.max_new_tokens = int(max_new_tokens)
         self.stops = stop_token_ids(self.target)
 
-    def _drafter(self, name: str, draft_model: str | None, dtype: str, layers: int | None) -> Any:
+    def _drafter(self, name: str, draft_model: str | None, dtype: str, settings: dict[str, Any]) -> Any:
         small = None
-        if name in SEPARATE_MODEL_DRAFTERS:
+        if drafter_needs_model(name):
             if not draft_model:
                 raise ValueError(f"drafter={name} needs draft_model=<Hub id or folder>")
             small = load_model(draft_model, dtype=dtype)
             check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
-        return drafter_for(
-            name, self.target.model, small.model if small else None, layers=None if layers is None else int(layers)
-        )
+        return drafter_for(name, self.target.model, small.model if small else None, **settings)
 
     @property
     def tokenizer_name(self) -> str:
@@ -108,6 +104,20 @@ class MarsBenchLM(LM):
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
+
+
+def split_settings(drafter: str, verifier: str, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Sort ``model_args`` beyond the fixed ones into the drafter's and the verifier's settings, as
+    each declares them; any other key is refused in one line that names the allowed ones."""
+    drafter_keys = {item.name for item in fields(drafter_settings(drafter))}
+    verifier_keys = {item.name for item in fields(verifier_settings(verifier))}
+    unknown = sorted(set(settings) - drafter_keys - verifier_keys - LM_EVAL_ARGS)
+    if unknown:
+        allowed = ", ".join(sorted(drafter_keys | verifier_keys)) or "none"
+        raise ValueError(f"unknown model_args {', '.join(unknown)} for drafter={drafter}, verifier={verifier}: "
+                         f"their settings are {allowed}")  # fmt: skip
+    values = {key: None if value in ("None", "null") else value for key, value in settings.items()}
+    return ({key: values[key] for key in drafter_keys & set(values)}, {key: values[key] for key in verifier_keys & set(values)})
 
 
 def cli() -> None:

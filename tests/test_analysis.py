@@ -7,20 +7,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.__main__ import main
-from analysis.acceptance import OUTCOMES, acceptance_by_margin, alpha_per_depth, positions, shadow_label, shadow_table
-from analysis.cells import NotEnoughData, method_summary
-from analysis.figures import _drafter_title, pareto_front
-from analysis.gather import NoRecordsError, gather
-from analysis.quality import quality_table
-from analysis.tables import table1, to_latex, to_markdown
+from mars_bench.analysis.__main__ import main
+from mars_bench.analysis.acceptance import acceptance_by_margin, alpha_per_depth, positions, shadow_labels, shadow_table
+from mars_bench.analysis.cells import NotEnoughData, method_summary
+from mars_bench.analysis.figures import _drafter_title, pareto_front
+from mars_bench.analysis.gather import NoRecordsError, gather
+from mars_bench.analysis.quality import quality_table
+from mars_bench.analysis.tables import table1, to_latex, to_markdown
 from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, paired_permutation_p
-from mars_bench.verification import Reason
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def record(question, method, tokens, seconds, steps, *, task="humaneval", verifier="mars", theta=0.9, status="ok", **extra):
@@ -52,12 +54,12 @@ def sweep(tmp_path):
 
 def test_table1_cells_equal_hand_computed_values(sweep):
     table = table1(gather([sweep]))
-    row = table.loc[("qwen", "model", 1.0, "mars (theta 0.9)")]
+    row = table.loc[("qwen", "model", 1.0, "mars")]  # one setting of mars: its bare name
     assert row[("humaneval", "speedup")] == pytest.approx((151 / 7.0) / (151 / 15.0))
     assert row[("humaneval", "tau")] == pytest.approx((99 + 50) / (24 + 10))  # the failed row is left out
     assert row[("gsm8k", "speedup")] == pytest.approx(4.0)
     assert row[("Mean", "speedup")] == pytest.approx(((151 / 7.0) / (151 / 15.0) + 4.0) / 2)
-    assert "| qwen | model | 1.00 | mars (theta 0.9) |" in to_markdown(table)
+    assert "| qwen | model | 1.00 | mars |" in to_markdown(table)
     latex = to_latex(table)
     assert "\\toprule" in latex and "\\bottomrule" in latex
 
@@ -82,24 +84,24 @@ def scored_sweep(tmp_path, with_strict=True):
 
 def test_the_quality_table_pairs_every_method_with_the_strict_verifier(tmp_path):
     table = quality_table(scored_sweep(tmp_path)).set_index("method")
-    assert set(table.index) == {"baseline", "mars (theta 0.9)", "mars (theta 0.98)"}
+    assert set(table.index) == {"baseline", "mars (theta=0.9)", "mars (theta=0.98)"}
     assert (table["reference"] == "rejection").all()
-    mars = table.loc["mars (theta 0.9)"]
+    mars = table.loc["mars (theta=0.9)"]
     assert mars["prompts"] == 6
     assert mars["score"] == pytest.approx(1 / 6) and mars["reference_score"] == pytest.approx(5 / 6)
     assert mars["difference"] == pytest.approx(-4 / 6)
     # differences (-1, -1, -1, 0, -1, 0): four non-zero, all negative; 2 of 16 sign patterns are as extreme
     assert mars["p_value"] == pytest.approx(2 / 16)
     assert mars["ci_low"] <= mars["difference"] <= mars["ci_high"] <= 0
-    same = table.loc["mars (theta 0.98)"]
+    same = table.loc["mars (theta=0.98)"]
     assert same["difference"] == 0 and same["p_value"] == 1.0
 
 
 def test_without_the_strict_verifier_the_baseline_is_the_reference(tmp_path):
     table = quality_table(scored_sweep(tmp_path, with_strict=False)).set_index("method")
-    assert set(table.index) == {"mars (theta 0.9)", "mars (theta 0.98)"}
+    assert set(table.index) == {"mars (theta=0.9)", "mars (theta=0.98)"}
     assert (table["reference"] == "baseline").all()
-    assert table.loc["mars (theta 0.98)", "difference"] == pytest.approx((5 - 4) / 6)
+    assert table.loc["mars (theta=0.98)", "difference"] == pytest.approx((5 - 4) / 6)
 
 
 def test_a_setting_summary_pools_prompts_and_counts_triggers(tmp_path):
@@ -142,19 +144,19 @@ def test_positions_are_binned_by_margin_with_their_outcome(tmp_path):
     assert binned["positions"].sum() == 5  # the position without a finite margin is left out
 
 
-def test_outcome_codes_match_the_verifier_reasons():
-    assert OUTCOMES == {Reason.EXACT: "strict accept", Reason.SAMPLED: "strict accept", Reason.RELAXED: "relaxed accept",
-                        Reason.REJECTED: "rejected"}  # fmt: skip
-
-
 def test_the_shadow_table_reports_acceptance_on_identical_drafts(tmp_path):
     table = shadow_table(acceptance_rows(tmp_path)).set_index("shadow")
     assert table["live"].tolist() == pytest.approx([5 / 9, 5 / 9])
     assert table.loc["rejection", "shadow_acceptance"] == pytest.approx(3 / 9)
-    assert table.loc["mars (theta 0.9)", "shadow_acceptance"] == pytest.approx(5 / 9)
+    assert table.loc["mars", "shadow_acceptance"] == pytest.approx(5 / 9)  # one mars shadow: its bare name
     assert table.loc["rejection", "live_minus_shadow"] == pytest.approx(2 / 9)
-    assert shadow_label("mars(theta=0.84,guard=gap,correction=residual)") == "mars (theta 0.84, guard gap)"
-    assert shadow_label("typical(epsilon=0.09,delta=0.3)") == "typical (epsilon 0.09, delta 0.3)"
+
+
+def test_shadow_labels_show_the_settings_that_differ_between_shadows_of_one_verifier():
+    raw = ["mars(theta=0.84,guard=gap,correction=residual)", "mars(theta=0.9,guard=never,correction=residual)",
+           "typical(epsilon=0.09,delta=0.3)", "rejection"]  # fmt: skip
+    assert list(shadow_labels(raw).values()) == ["mars (theta=0.84, guard=gap)", "mars (theta=0.9, guard=never)",
+                                                 "typical", "rejection"]  # fmt: skip
 
 
 def test_the_pareto_front_keeps_only_unbeaten_points():
@@ -216,7 +218,7 @@ def test_a_partial_sweep_makes_what_it_can_and_says_what_is_missing(tmp_path, ca
 def test_records_from_older_writers_get_the_defaults_of_missing_fields(tmp_path):
     write_run(tmp_path / "old", [record(0, "baseline", 10, 2.0, 9), record(0, "mars", 10, 1.0, 3)])
     write_run(tmp_path / "new", [record(0, "baseline", 10, 2.0, 9), record(0, "mars", 10, 1.0, 3, draft_length="fixed")])
-    assert set(method_summary(gather([tmp_path]))["label"]) == {"mars (theta 0.9)"}
+    assert set(method_summary(gather([tmp_path]))["label"]) == {"mars"}
 
 
 def test_two_shapes_of_one_drafter_are_two_settings_and_one_shape_keeps_its_bare_name(tmp_path):
@@ -234,7 +236,15 @@ def test_two_shapes_of_one_drafter_are_two_settings_and_one_shape_keeps_its_bare
 
 def test_figure_titles_keep_the_readable_drafter_name_and_its_setting():
     assert _drafter_title("model (gamma=3)") == "separate draft model (gamma=3)"
-    assert _drafter_title("model_tree") == "model_tree"
+    assert _drafter_title("model_tree (top_k=3)") == "separate draft model, top-k tree (top_k=3)"
+    assert _drafter_title("my_drafter") == "my_drafter"  # a drafter without a readable name keeps its own
+
+
+def test_every_registered_drafter_has_a_readable_figure_name():
+    from mars_bench.analysis.figures import DRAFTERS
+    from mars_bench.drafting import available_drafters
+
+    assert set(available_drafters()) <= set(DRAFTERS)
 
 
 def test_records_older_than_drafter_setting_are_told_apart_by_gamma(tmp_path):
@@ -258,6 +268,39 @@ def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
         method_summary(gather([tmp_path]))
 
 
-def test_analysis_never_imports_torch():
-    code = "import sys, analysis.__main__; assert 'torch' not in sys.modules, 'torch was imported'"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+@pytest.mark.parametrize("package", ["analysis", "mars_bench.analysis"])  # in a checkout; installed
+def test_analysis_never_imports_torch(package):
+    code = f"import sys, {package}.__main__; assert 'torch' not in sys.modules, 'torch was imported'"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_a_run_without_shadows_is_written_to_parquet_whole(tmp_path):
+    rows = [record(q, m, 10, 2.0 if m == "baseline" else 1.0, 3, shadow_accepted={}, schema_version=4,
+                   verifier_setting="theta=0.9") for q in (0, 1) for m in ("baseline", "mars")]  # fmt: skip
+    write_run(tmp_path / "run", rows)
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "run"), "--out", str(out)]) == 0
+    parquet = pd.read_parquet(out / "records.parquet")
+    assert len(parquet) == 4 and set(parquet["shadow_accepted"]) == {"{}"}  # mappings as JSON text
+    assert not [p for p in out.iterdir() if "partial" in p.name]
+
+
+def test_a_verifier_without_a_trigger_has_no_trigger_rate_but_a_counterfactual_from_its_margins(tmp_path):
+    strict = [record(0, "baseline", 10, 2.0, 9, verifier="rejection", theta=None, schema_version=4, verifier_setting=""),
+              record(0, "rejection", 10, 1.0, 3, verifier="rejection", theta=None, schema_version=4, verifier_setting="",
+                     trigger_count=None, verified_positions=4, margins=[0.95, 0.5, 1.2, 0.92])]  # fmt: skip
+    old = [record(0, "baseline", 10, 2.0, 9, verifier="rejection", theta=None),
+           record(0, "rejection", 10, 1.0, 3, verifier="rejection", theta=None, trigger_count=2, verified_positions=4,
+                  margins=[0.95, 0.5, 1.2, 0.92])]  # fmt: skip
+    write_run(tmp_path / "new", strict)
+    write_run(tmp_path / "old", old)  # schema 3 and older counted the paper's rule for every verifier
+    summary = method_summary(gather([tmp_path])).iloc[0]
+    assert np.isnan(summary["trigger_rate"])
+    assert summary["margin_over_0.9"] == pytest.approx(2 / 4)  # 0.95 and 0.92; 1.2 means z1 < 0
+
+
+def test_the_index_gives_its_command_without_this_machines_folders(tmp_path):
+    scored_sweep(tmp_path / "ablation")
+    assert main([str(tmp_path / "ablation"), "--out", str(tmp_path / "ablation" / "analysis")]) == 0
+    index = (tmp_path / "ablation" / "analysis" / "index.md").read_text()
+    assert "`python -m analysis RUNS/ablation --out RUNS/ablation/analysis`" in index and str(tmp_path) not in index

@@ -1,25 +1,31 @@
-"""The Hydra app: every config option composes; bad input fails with one clear line;
-a killed run resumes without lost or duplicated rows; a multirun gives one cell per value."""
+"""The Hydra app: every config option composes; bad input fails at start with one clear line;
+a smoke run writes records, manifest, config and summary; a multirun gives one cell per value.
+(A killed run's resume: test_reliability.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from conftest import python_m, run_config
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 
+import mars_bench
 from mars_bench.__main__ import CONF_DIR
+from mars_bench.bench.cell import run_cell
 from mars_bench.bench.manifest import source_hash
 from mars_bench.bench.records import Record, read_rows
-from mars_bench.config import DRAFTER_PARAMS, check_run_config, drafter_setting, max_draft_depth
+from mars_bench.config import check_run_config, drafter_setting, max_draft_depth
+from mars_bench.tasks import QuestionFileError
 
 GROUPS = {
     group: sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
@@ -31,7 +37,13 @@ FAST = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0
 WORKDIR = tempfile.mkdtemp(prefix="mars_bench_app_")  # Hydra's own run folders land here, not in the repository
 
 
-def app(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def app(*overrides: str) -> subprocess.CompletedProcess:
+    """``python -m mars_bench OVERRIDES...``, in this process (``python_m``)."""
+    return python_m("mars_bench", *overrides, cwd=WORKDIR)
+
+
+def app_process(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m mars_bench OVERRIDES...`` in a new process: the entry point a user starts."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "mars_bench", *overrides]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKDIR)
@@ -44,21 +56,48 @@ def test_every_group_option_composes_and_validates(group, option):
         overrides.append("drafter=layerskip")  # it has no separate draft model
     if group == "drafter" and option == "eagle3":
         overrides.append("model=llama3.1-8b")  # a target with a published EAGLE-3 head
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = run_config(*overrides)
     check_run_config(cfg)
     if group != "experiment":
         assert cfg[group].name == option
 
 
-def test_records_name_the_keys_that_shape_each_shipped_drafter():
-    assert set(GROUPS["drafter"]) <= set(DRAFTER_PARAMS)
+def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults():
+    from mars_bench.drafting import available_drafters
+    from mars_bench.verification import available_verifiers
+
+    assert set(GROUPS["drafter"]) <= set(available_drafters())
+    assert set(GROUPS["verifier"]) <= set(available_verifiers())
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         tree = compose(config_name="config", overrides=["drafter=model_tree"])
+        eagle = compose(config_name="config", overrides=["drafter=eagle3", "model=llama3.1-8b"])
         chain = compose(config_name="config", overrides=["drafter=model", "drafter.length=schedule", "drafter.max_gamma=9"])
     assert drafter_setting(tree.drafter) == "gamma=5,top_k=3,tree_tokens=16"
+    assert drafter_setting(eagle.drafter) == "gamma=7,top_k=10,tree_tokens=50"  # the same keys, the drafter's own defaults
     assert drafter_setting(chain.drafter) == "gamma=5"  # the draft-length policy is a setting column of its own
     assert (max_draft_depth(chain.drafter), max_draft_depth(tree.drafter)) == (9, 15)  # a tree: its node budget
+
+
+def test_a_misspelt_or_foreign_plugin_key_is_refused_with_the_allowed_keys():
+    from mars_bench.config import check_override_keys
+
+    with pytest.raises(ValueError, match=r"drafter.topk is not a drafter setting: allowed are .*model_tree: top_k tree_tokens"):
+        check_override_keys(["drafter=model_tree", "drafter.topk=3"])
+    with pytest.raises(ValueError, match=r"verifier.thet is not a verifier setting: allowed are .*mars: correction guard theta"):
+        check_override_keys(["+verifier.thet=0.9"])
+    check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
+    with pytest.raises(ValueError, match=r"drafter.top_k=3 is not a setting of drafter=lookup: allowed .*max_ngram min_ngram$"):
+        check_run_config(run_config("drafter=lookup", "drafter.top_k=3"))
+
+
+def test_the_app_refuses_a_misspelt_drafter_key_in_one_line():
+    result = app_process("drafter.topk=3", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, "
+        "min_confidence; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
+        "model_tree: top_k tree_tokens"
+    ]
 
 
 def test_the_shipped_groups_cover_the_paper():
@@ -81,38 +120,71 @@ def test_the_shipped_groups_cover_the_paper():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["verifier=strict"], "Could not find 'verifier/strict'"),
         (["max_new_tokens=many"], "max_new_tokens"),
         (["max_new_tokn=5"], "Could not override 'max_new_tokn'"),
+    ],
+)
+def test_a_misspelt_key_or_a_mistyped_value_fails_as_the_config_composes(overrides, message):
+    with pytest.raises(HydraException) as error:
+        run_config(*overrides)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
         (["verifier.theta=1.5"], "theta=1.5 is invalid"),
         (["temperature=-1"], "temperature=-1.0 is invalid"),
         (["top_p=0"], "top_p=0.0 is invalid"),
         (["model=smollm2-135m"], "drafter=model needs model.draft_model"),
         (["drafter.length=wild"], "drafter.length='wild' is invalid: allowed are fixed, schedule, confidence"),
-        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are exact, rejection"),
-        (["output_dir=/proc/mars_bench_out"], "output folder '/proc/mars_bench_out' cannot be written"),
+        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are exact, "),
     ],
 )
-def test_bad_input_fails_at_start_with_one_clear_line(overrides, message):
-    result = app(*overrides, timeout=120)
+def test_a_value_out_of_range_fails_with_one_line_before_any_model_loads(overrides, message):
+    cfg = run_config(*overrides)
+    with pytest.raises(ValueError) as error:
+        check_run_config(cfg)  # the first thing a cell does
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unknown_config_option_stops_the_app_with_hydras_message_and_no_traceback():
+    result = app("verifier=strict")
     assert result.returncode != 0
-    assert message in result.stderr
+    assert "Could not find 'verifier/strict'" in result.stderr.splitlines()[0]  # then the options Hydra knows
     assert "Traceback" not in result.stderr
+
+
+def test_an_unwritable_output_folder_stops_the_app_with_one_line_and_no_traceback():
+    result = app("output_dir=/proc/mars_bench_out")
+    assert result.returncode == 2
+    assert result.stderr.startswith("mars_bench: error: output folder '/proc/mars_bench_out' cannot be written")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
 def test_a_malformed_prompt_file_names_file_and_line(tmp_path):
     bad = tmp_path / "questions.jsonl"
     bad.write_text('{"question_id": 1, "turns": ["hi"]}\n{"question_id": 2, "turns": ["oops"\n')
-    result = app(*FAST, f"task.file={bad}", f"output_dir={tmp_path / 'out'}", timeout=120)
-    assert result.returncode == 2
-    assert f"{bad}:2: bad JSON" in result.stderr
+    with pytest.raises(QuestionFileError, match=re.escape(f"{bad}:2: bad JSON")):
+        run_cell(run_config(*FAST, f"task.file={bad}"), tmp_path / "out")  # the app prints it and exits 2, as for any cell error
 
 
-def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
-    out = tmp_path / "run"
-    result = app(*FAST, f"output_dir={out}")
+@pytest.fixture
+def smoke(smoke_run) -> tuple[subprocess.CompletedProcess, Path]:
+    """The README's smoke command, run once per session (conftest), read by the tests below."""
+    return smoke_run
+
+
+@pytest.mark.slow
+def test_smoke_exits_zero_and_prints_the_summary(smoke):
+    result, _ = smoke
     assert result.returncode == 0, result.stderr
     assert "| baseline |" in result.stdout and "| mars |" in result.stdout
+
+
+@pytest.mark.slow
+def test_smoke_records_carry_every_field_and_consistent_counts(smoke):
+    _, out = smoke
     rows = list(read_rows(out / "records.jsonl"))
     assert len(rows) == 4  # 2 prompts x (baseline, mars)
     assert set(rows[0]) == {f.name for f in fields(Record)}
@@ -122,83 +194,72 @@ def test_smoke_writes_records_manifest_config_and_summary(tmp_path):
         assert row["verified_positions"] == len(row["margins"]) == len(row["reasons"])
     baseline = next(r for r in rows if r["method"] == "baseline")
     assert baseline["tau"] == 1.0 and baseline["agreement"] is None
+
+
+@pytest.mark.slow
+def test_smoke_compares_every_method_row_with_its_baseline(smoke):
+    _, out = smoke
+    rows = list(read_rows(out / "records.jsonl"))
     # the method ran first on the second question, yet every method row is compared with its baseline
     assert all(0 <= r["agreement"] <= 1 and 0 <= r["baseline_rouge_l"] <= 1 for r in rows if r["method"] == "mars")
+
+
+@pytest.mark.slow
+def test_smoke_manifest_names_packages_models_seeds_and_methods(smoke):
+    _, out = smoke
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"packages", "git", "source_sha256", "cpu", "models", "seeds", "config"} <= set(manifest)
     assert manifest["models"]["target"]["dtype"] == "bfloat16"
     assert manifest["methods"]["mars"]["verifier"] == {"name": "mars", "theta": 0.9, "guard": "never", "correction": "residual"}
     assert manifest["methods"]["mars"]["drafter"]["name"] == "layerskip" and manifest["methods"]["baseline"]["drafter"] is None
+
+
+@pytest.mark.slow
+def test_smoke_writes_the_summary_and_the_resolved_config(smoke):
+    _, out = smoke
     assert (out / "summary.csv").read_text().startswith("cell,method")
     assert "max_new_tokens: 12" in (out / "config.yaml").read_text()
 
 
 def test_the_source_hash_names_the_code_and_configs_that_ran(tmp_path):
-    for name, text in {"mars_bench/a.py": "x = 1", "conf/b.yaml": "k: 1", "mars_bench/notes.txt": "n"}.items():
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(text)
-    before = source_hash(tmp_path)
-    (tmp_path / "mars_bench/notes.txt").write_text("other")  # neither code nor config
-    assert source_hash(tmp_path) == before
-    (tmp_path / "conf/b.yaml").write_text("k: 2")
-    assert source_hash(tmp_path) != before
-    assert source_hash() == source_hash()  # this checkout's, stable
+    package, conf = tmp_path / "checkout" / "mars_bench", tmp_path / "checkout" / "conf"
+    for path, text in {package / "a.py": "x = 1", conf / "b.yaml": "k: 1", package / "notes.txt": "n"}.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    before = source_hash(package, conf)
+    (package / "notes.txt").write_text("other")  # neither code nor config
+    assert source_hash(package, conf) == before
+    (conf / "b.yaml").write_text("k: 2")
+    assert source_hash(package, conf) != before
+    (conf / "b.yaml").write_text("k: 1")
+    (package / "a.py").write_text("x = 2")
+    assert source_hash(package, conf) != before
 
 
+def test_the_source_hash_is_the_same_for_a_copy_and_for_a_wheel_of_this_checkout(tmp_path):
+    skip = shutil.ignore_patterns("__pycache__")
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(mars_bench.__file__).parent, copy / "mars_bench", ignore=skip)
+    shutil.copytree(CONF_DIR, copy / "conf", ignore=skip)
+    wheel = tmp_path / "site-packages" / "mars_bench"  # a wheel carries conf/ and analysis/ inside the package
+    shutil.copytree(copy / "mars_bench", wheel)
+    shutil.copytree(copy / "conf", wheel / "conf")
+    (wheel / "analysis").mkdir()
+    (wheel / "analysis" / "tables.py").write_text("x = 1")  # the analysis runs no model: left out
+    checkout = source_hash()
+    assert source_hash(copy / "mars_bench", copy / "conf") == checkout  # where the tree lies does not count
+    assert source_hash(wheel, wheel / "conf") == checkout
+
+
+@pytest.mark.slow
 def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path):
     out = tmp_path / "tree"
     smol = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    result = app(*FAST, "drafter=model_tree", f"model.draft_model={smol}", "temperature=0", "verifier=exact",
-                 "model.dtype=float32", f"output_dir={out}")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    rows = list(read_rows(out / "records.jsonl"))
+    cfg = run_config("model=smollm2-135m", "drafter=model_tree", f"model.draft_model={smol}", "task.num_prompts=2",
+                     "max_new_tokens=12", "warmup=0", "progress=false", "temperature=0", "verifier=exact",
+                     "model.dtype=float32")  # fmt: skip
+    rows = run_cell(cfg, out)
     assert [row["status"] for row in rows] == ["ok"] * 4
     assert all(row["agreement"] == 1.0 and row["tau"] > 1 for row in rows if row["method"] == "exact")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["methods"]["exact"]["drafter"] == {"name": "model_tree", "top_k": 3, "tree_tokens": 16}
-
-
-def test_a_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
-    out = tmp_path / "run"
-    records = out / "records.jsonl"
-    overrides = [*FAST, "task.num_prompts=4", f"output_dir={out}"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mars_bench", *overrides],
-        env=env,
-        cwd=WORKDIR,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 240
-    while time.time() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 3):
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    killed_at = len(list(read_rows(records)))
-    assert 3 <= killed_at < 8
-    result = app(*overrides)
-    assert result.returncode == 0, result.stderr
-    keys = [(r["question_id"], r["turn"], r["method"]) for r in read_rows(records)]
-    assert len(keys) == len(set(keys)) == 8
-
-
-def test_a_multirun_gives_one_cell_per_threshold_sharing_one_baseline(tmp_path):
-    sweep = [f"hydra.sweep.dir={tmp_path}", "baseline_cache=${hydra:sweep.dir}/baselines", "shadow=[rejection]"]
-    result = app("-m", *FAST, "task.num_prompts=1", "verifier.theta=0.5,0.9", *sweep)
-    assert result.returncode == 0, result.stderr
-    cells = sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name != "baselines")
-    assert [c.name for c in cells] == ["0_humaneval_mars_theta0.5_t1.0", "1_humaneval_mars_theta0.9_t1.0"]
-    rows = {}
-    for cell, theta in zip(cells, (0.5, 0.9)):
-        rows[theta] = {r["method"]: r for r in read_rows(cell / "records.jsonl")}
-        assert set(rows[theta]) == {"baseline", "mars"}
-        assert all(r["theta"] == theta for r in rows[theta].values())
-        mars = rows[theta]["mars"]
-        assert list(mars["shadow_accepted"]) == ["rejection"]
-        assert len(mars["shadow_accepted"]["rejection"]) == len(mars["step_accepted"])
-    first, second = rows[0.5]["baseline"], rows[0.9]["baseline"]
-    assert first["baseline_from"] is None  # decoded here ...
-    assert second["baseline_from"] == first["cell"]  # ... and copied, not decoded again, by the second cell
-    assert (second["output_ids"], second["decode_s"]) == (first["output_ids"], first["decode_s"])
-    assert rows[0.9]["mars"]["agreement"] is not None

@@ -12,8 +12,17 @@ import torch
 from conftest import tiny_model
 from safetensors.torch import save_file
 
-from mars_bench import decode
-from mars_bench.drafting.eagle3 import Eagle3Drafter, eagle3_drafter, eagle3_hidden_layers, load_eagle3_head, random_head_state
+from mars_bench import build_drafter, decode
+from mars_bench.drafting.eagle3 import (
+    Eagle3Drafter,
+    Eagle3Head,
+    Eagle3Settings,
+    eagle3_hidden_layers,
+    head_shapes,
+    load_eagle3_head,
+    random_head_state,
+)
+from mars_bench.drafting.tree import DraftTree
 from mars_bench.trees import node_depths
 from mars_bench.verification.sampling import SamplingParams
 
@@ -53,6 +62,34 @@ def head_config(**overrides: object) -> dict[str, object]:
 
 def head_state(config: dict[str, object], seed: int = 0) -> dict[str, torch.Tensor]:
     return random_head_state(config, seed)
+
+
+def eagle3(target, head=None, **settings) -> Eagle3Drafter:
+    return build_drafter("eagle3", target=target, head=head, **settings)
+
+
+class RecordingDrafter(Eagle3Drafter):
+    """Keeps what the last ``propose`` computed: ``root`` (the head's draft logits and hidden
+    after the context), ``grown`` (the whole tree before pruning to tree_tokens - 1 nodes) and
+    ``outputs`` {node of grown: (draft logits, hidden)} for every node fed to the head."""
+
+    def propose(self, *args, **kwargs):
+        self.grown, self.outputs = DraftTree(), {}
+        return super().propose(*args, **kwargs)
+
+    def root_outputs(self, context):
+        self.root_seen = super().root_outputs(context)
+        return self.root_seen
+
+    def feed_frontier(self, tree, frontier, parent_hidden, fed, committed):
+        logits, hidden = super().feed_frontier(tree, frontier, parent_hidden, fed, committed)
+        self.grown = tree
+        self.outputs.update({node: (logits[row], hidden[row]) for row, node in enumerate(frontier)})
+        return logits, hidden
+
+
+def recording(target, head_dir, top_k: int, tree_tokens: int) -> RecordingDrafter:
+    return RecordingDrafter(target, load_eagle3_head(str(head_dir), target), Eagle3Settings(top_k, tree_tokens))
 
 
 def save_head(folder, config, state, fmt: str = "safetensors"):
@@ -110,12 +147,23 @@ def test_hidden_layer_indices_follow_the_official_rule():
         eagle3_hidden_layers(2)
 
 
+@pytest.mark.parametrize("overrides", [{}, {"head_dim": 8, "target_hidden_size": 32, "num_key_value_heads": 1}])
+def test_the_shape_table_is_the_heads_own_layout(overrides):
+    """The loader's checks and the random weights use ``head_shapes``; the head's modules must agree."""
+    from transformers import LlamaConfig
+
+    config = head_config(**overrides)
+    shapes = head_shapes(config)
+    head = Eagle3Head(LlamaConfig.from_dict(config), shapes["fc.weight"][1], DRAFT_VOCAB, own_embed=True)
+    assert {key: tuple(value.shape) for key, value in head.state_dict().items()} == shapes
+
+
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])
 def test_a_head_in_the_official_layout_loads_and_drafts_a_valid_tree(target, tmp_path, fmt):
     state = head_state(head_config())
     folder = save_head(tmp_path / fmt, head_config(), state, fmt)
     used = set((torch.arange(DRAFT_VOCAB) + state["d2t"]).tolist())
-    drafter = eagle3_drafter(target, head=str(folder), top_k=4, tree_tokens=12)
+    drafter = eagle3(target, head=str(folder), top_k=4, tree_tokens=12)
     assert drafter.hidden_layers == (1, 2, 2)
     assert drafter.describe() == {
         "name": "eagle3",
@@ -141,8 +189,8 @@ def test_a_head_in_the_official_layout_loads_and_drafts_a_valid_tree(target, tmp
 
 
 def test_accepting_feeds_the_committed_pairs_as_a_from_scratch_run_would(target, head_dir):
-    drafter = eagle3_drafter(target, head=str(head_dir), top_k=3, tree_tokens=10)
-    reference = eagle3_drafter(target, head=str(head_dir), top_k=3, tree_tokens=10)  # its own head and cache
+    drafter = recording(target, head_dir, top_k=3, tree_tokens=10)
+    reference = recording(target, head_dir, top_k=3, tree_tokens=10)  # its own head and cache
     context = started(target, drafter, PROMPT)
     for _ in range(4):
         draft = drafter.propose(torch.tensor(context), 4, GREEDY, None)
@@ -157,16 +205,16 @@ def test_accepting_feeds_the_committed_pairs_as_a_from_scratch_run_would(target,
         assert drafter.head.cache_length == len(context) - 1
         reference.begin(torch.tensor(context[:-1]), features(target, reference, context[:-1]))
         reference.propose(torch.tensor(context), 4, GREEDY, None)
-        for mine, fresh in zip(drafter.last_root, reference.last_root):
+        for mine, fresh in zip(drafter.root_seen, reference.root_seen):
             assert (mine - fresh).abs().max() < 1e-4
 
 
 def test_the_tree_forward_equals_each_path_run_as_a_chain(target, head_dir):
-    drafter = eagle3_drafter(target, head=str(head_dir), top_k=3, tree_tokens=20)
+    drafter = recording(target, head_dir, top_k=3, tree_tokens=20)
     context = started(target, drafter, PROMPT)
     drafter.propose(torch.tensor(context), 5, GREEDY, None)
-    head, grown, outputs = drafter.head, drafter.last_grown, drafter.last_outputs
-    root_logits, root_hidden = drafter.last_root
+    head, grown, outputs = drafter.head, drafter.grown, drafter.outputs
+    root_logits, root_hidden = drafter.root_seen
     committed = head.cache_length
     assert committed == len(context) - 1 and len(outputs) == 3 * 4  # top_k frontier nodes at depths 0..3
     depths = [0 if parent < 0 else None for parent in grown.parents]
@@ -196,13 +244,13 @@ def test_the_tree_forward_equals_each_path_run_as_a_chain(target, head_dir):
 
 def test_a_mask_that_ignores_the_tree_changes_the_outputs(target, head_dir):
     """Negative control for the test above: the same nodes fed with plain causal attention differ."""
-    drafter = eagle3_drafter(target, head=str(head_dir), top_k=3, tree_tokens=20)
+    drafter = recording(target, head_dir, top_k=3, tree_tokens=20)
     context = started(target, drafter, PROMPT)
     drafter.propose(torch.tensor(context), 3, GREEDY, None)
-    head, grown, outputs = drafter.head, drafter.last_grown, drafter.last_outputs
+    head, grown, outputs = drafter.head, drafter.grown, drafter.outputs
     committed = head.cache_length
     nodes = list(outputs)
-    hidden_in = torch.stack([drafter.last_root[1] if grown.parents[n] < 0 else outputs[grown.parents[n]][1] for n in nodes])
+    hidden_in = torch.stack([drafter.root_seen[1] if grown.parents[n] < 0 else outputs[grown.parents[n]][1] for n in nodes])
     positions = torch.tensor([committed + (0 if grown.parents[n] < 0 else 1) for n in nodes])
     logits, _ = head(torch.tensor([grown.tokens[n] for n in nodes]), hidden_in, positions)  # causal over all nodes
     head.truncate(committed)
@@ -256,10 +304,10 @@ def test_a_head_with_the_full_vocabulary_needs_no_map_and_may_carry_embeddings(t
 
 def test_no_head_is_a_clear_error(target):
     with pytest.raises(ValueError, match="head=None") as error:
-        eagle3_drafter(target)
+        eagle3(target)
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match="not-a-folder"):
-        eagle3_drafter(target, head="./not-a-folder")
+        eagle3(target, head="./not-a-folder")
 
 
 def test_a_hub_id_is_fetched_with_snapshot_download(target, head_dir, monkeypatch):
@@ -272,14 +320,14 @@ def test_a_hub_id_is_fetched_with_snapshot_download(target, head_dir, monkeypatc
         return str(head_dir)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    drafter = eagle3_drafter(target, head="someone/eagle3-head")
+    drafter = eagle3(target, head="someone/eagle3-head")
     assert drafter.describe()["head"] == "someone/eagle3-head"
     [(repo_id, patterns)] = calls
     assert repo_id == "someone/eagle3-head" and {"config.json", "*.safetensors", "pytorch_model*.bin"} <= set(patterns)
 
 
 def test_the_drafter_refuses_to_run_without_features(target, head_dir):
-    drafter = eagle3_drafter(target, head=str(head_dir))
+    drafter = eagle3(target, head=str(head_dir))
     with pytest.raises(ValueError, match="features"):
         drafter.begin(torch.tensor(PROMPT))
 
@@ -289,6 +337,6 @@ def test_exact_with_eagle3_reproduces_the_baseline(target, head_dir, prompt):
     """The engine passes the features and verifies the tree (Draft.parents) in one target forward."""
     baseline = decode(target, None, None, prompt, max_new_tokens=24, temperature=0)
     for gamma, top_k, tree_tokens in ((3, 4, 10), (7, 10, 50)):  # the second is conf/drafter/eagle3.yaml
-        drafter = eagle3_drafter(target, head=str(head_dir), top_k=top_k, tree_tokens=tree_tokens)
+        drafter = eagle3(target, head=str(head_dir), top_k=top_k, tree_tokens=tree_tokens)
         result = decode(target, drafter, "exact", prompt, max_new_tokens=24, gamma=gamma, temperature=0)
         assert result.tokens == baseline.tokens, f"gamma={gamma} top_k={top_k} tree_tokens={tree_tokens}"

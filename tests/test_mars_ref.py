@@ -83,3 +83,43 @@ def test_both_logits_negative_always_trigger_as_in_the_official_code():
     step = chain(rows, [1], [0.99])
     step = VerifyInput(step.draft_tokens, step.parents, step.target_logits)  # greedy
     assert mars.verify(step).accepted_len == 0
+
+
+def test_the_trigger_ratio_is_taken_in_float64_as_the_official_python_floats():
+    theta, z1, z2 = 0.92, 3.8831419944763184, 3.572490692138672  # exact float32 values
+    in_float64 = z2 / (z1 + 1e-10) > theta  # Python floats, as the official code divides them
+    in_float32 = bool(torch.tensor(z2) / (torch.tensor(z1) + 1e-10) > theta)
+    assert in_float64 and not in_float32  # the ratio rounds to float32(0.92) in float32
+    step = chain([[z1, z2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], [1], [1.0])  # strict test alone: p(1) = 0.41
+    verdicts = run(step, draws=20, theta=theta)
+    assert all(v.decisions.triggered.tolist() == [True] for v in verdicts)
+    assert all(v.decisions.reasons.tolist() == [Reason.RELAXED] for v in verdicts)
+
+
+def test_top_p_is_applied_before_top_k_as_in_the_official_code():
+    # p = (0.4, 0.3, 0.2, 0.1), top-k 2 and top-p 0.5. Top-p first keeps {0, 1} (0.4 < 0.5) and top-k
+    # keeps both; top-k first renormalises {0, 1} to (0.57, 0.43) and top-p then keeps {0} only.
+    logits = (torch.tensor([0.4, 0.3, 0.2, 0.1]).log() + 10.0).tolist()
+    sampling = SamplingParams(temperature=1.0, top_p=0.5, top_k=2)
+    kept = {name: torch.isfinite(get_verifier(name).process(torch.tensor([logits]), sampling))[0].tolist()
+            for name in ("mars_ref", "mars", "rejection")}  # fmt: skip
+    assert kept["mars_ref"] == [True, True, False, False]
+    assert kept["mars"] == kept["rejection"] == [True, False, False, False]
+    # Token 1 survives for mars_ref, where r = z2 / z1 = 0.97 triggers: it is relaxed every time.
+    step = VerifyInput(torch.tensor([1]), torch.tensor([-1]), torch.tensor([logits, [0.0] * 4]), sampling)
+    verdicts = run(step, draws=20)
+    assert all(v.accepted_len == 1 and v.decisions.reasons.tolist() == [Reason.RELAXED] for v in verdicts)
+    mars = get_verifier("mars", theta=0.9)  # top-k first: z2 = -inf, no trigger, and p(1) = 0
+    assert all(mars.verify(step, generator=torch.Generator().manual_seed(s)).accepted_len == 0 for s in range(20))
+    # With no drafts the emitted token comes from the official processing: token 1 appears.
+    empty = VerifyInput(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long), torch.tensor([logits]), sampling)
+    emitted = {v.next_token for v in run(empty, draws=200)}
+    assert emitted == {0, 1}
+
+
+def test_the_trigger_is_reported_and_fires_nowhere_in_greedy_mode():
+    rows = [[-1.0, -3.0, -9.0], [0.0, 0.0, 0.0]]  # raw ratio 3.0 > 0.9: triggered when sampling
+    assert run(chain(rows, [2], [0.5]), draws=1)[0].decisions.triggered.tolist() == [True]
+    greedy = VerifyInput(torch.tensor([1]), torch.tensor([-1]), torch.tensor(rows))
+    decisions = get_verifier("mars_ref").verify(greedy).decisions
+    assert decisions.triggered.tolist() == [False] and decisions.triggered_count == 0

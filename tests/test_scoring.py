@@ -3,8 +3,6 @@ and a model answer scores by its ``#### N`` line, else its last number."""
 
 from __future__ import annotations
 
-from math import comb
-
 import pytest
 from conftest import SHARED_DATA
 
@@ -92,7 +90,7 @@ def test_humaneval_scores_by_running_the_tests_in_the_sandbox():
 def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(10, 0, 1) == 0.0 and pass_at_k(10, 10, 5) == 1.0
     assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    assert pass_at_k(5, 1, 2) == pytest.approx(1 - comb(4, 2) / comb(5, 2))
+    assert pass_at_k(5, 1, 2) == pytest.approx(0.4)  # 4 of the 10 pairs of 5 samples hold the correct one
     with pytest.raises(ValueError, match="k=3 is invalid for 2 samples"):
         pass_at_k(2, 1, 3)
 

@@ -15,10 +15,10 @@ from conftest import tiny_model
 from mars_bench.bench.manifest import build_manifest
 from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
-from mars_bench.models import (
+from mars_bench.models import load_model
+from mars_bench.placement import (
     drafter_device,
     input_device,
-    load_model,
     model_size_bytes,
     normalise_max_memory,
     placement,

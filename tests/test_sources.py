@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mars_bench import sources
-from mars_bench.models import check_tokenizers_compatible, parse_dtype
+from mars_bench.models import check_tokenizers_compatible
+from mars_bench.placement import parse_dtype
 
 
 def fake_wheels(folder: Path, chunks: list[bytes]) -> list[Path]:

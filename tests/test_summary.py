@@ -12,7 +12,7 @@ from mars_bench.bench.summary import format_table, summarise
 def row(question, method, tokens, seconds, steps, **extra):
     return {
         "cell": "c", "question_id": question, "turn": 1, "method": method, "verifier": "mars", "theta": 0.9,
-        "new_tokens": tokens, "prefill_s": 0.0, "decode_s": seconds, "steps": steps, "relaxed": 0,
+        "new_tokens": tokens, "prefill_s": 0.0, "decode_s": seconds, "steps": steps, "drafted": 0, "accepted": 0, "relaxed": 0,
         "trigger_count": 0, "verified_positions": 0, "agreement": 1.0, "score": None, "status": "ok", **extra,
     }  # fmt: skip
 
@@ -39,6 +39,17 @@ def test_the_ratios_agree_on_equal_prompts():
     args = ([10, 10], [1.0, 1.0], [10, 10], [2.0, 2.0])
     assert throughput_ratio(*args) == pytest.approx(2.0) == mean_rate_ratio(*args)
     assert bootstrap_ratio_ci(*args) == pytest.approx((2.0, 2.0))
+
+
+def test_a_verifier_without_a_trigger_reports_no_trigger_rate():
+    rows = [row(0, "baseline", 100, 10.0, 99, trigger_count=None, verified_positions=0),
+            row(0, "rejection", 100, 5.0, 33, verifier="rejection", trigger_count=None, verified_positions=99),
+            row(1, "baseline", 50, 5.0, 49, cell="d", trigger_count=None),
+            row(1, "mars", 50, 4.0, 7, cell="d", trigger_count=3, verified_positions=12)]  # fmt: skip
+    summary = summarise(rows).set_index("method")
+    assert summary["trigger_rate"].isna()[["baseline", "rejection"]].all()
+    assert summary.loc["mars", "trigger_rate"] == pytest.approx(3 / 12)
+    assert "| c | rejection | 1 |" in format_table(summarise(rows)) and "| - |" in format_table(summarise(rows))
 
 
 def test_no_rows_give_an_empty_summary_not_a_traceback():

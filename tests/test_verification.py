@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from mars_bench.verification import Reason, VerifyInput, available_verifiers, get_verifier
+from mars_bench.verification import (
+    MarsParams,
+    Reason,
+    VerifyInput,
+    available_verifiers,
+    get_verifier,
+    register_verifier,
+    verifier_settings,
+)
+from mars_bench.verification.kernels import top_two
 from mars_bench.verification.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -32,6 +45,43 @@ def test_registry_lists_the_shipped_verifiers():
     assert {"exact", "rejection", "mars", "mars_ref", "typical"} <= set(available_verifiers())
     assert get_verifier("exact").lossless and get_verifier("rejection").lossless
     assert not get_verifier("mars").lossless and not get_verifier("mars_ref").lossless
+    assert {name for name in available_verifiers() if get_verifier(name).has_trigger} == {"mars", "mars_ref"}
+
+
+@pytest.mark.parametrize(
+    ("name", "described"),
+    [
+        ("exact", {}),
+        ("rejection", {}),
+        ("mars", {"theta": 0.9, "guard": "never", "correction": "residual"}),
+        ("mars_ref", {"theta": 0.9}),
+        ("typical", {"epsilon": 0.09, "delta": 0.3}),
+    ],
+)
+def test_describe_reports_the_default_settings(name, described):
+    verifier = get_verifier(name)
+    assert verifier.describe() == {"name": name, **described}
+    assert isinstance(verifier.params, verifier_settings(name))
+    assert [field.name for field in dataclasses.fields(verifier_settings(name))] == list(described)
+
+
+def test_settings_are_normalised_and_frozen():
+    verifier = get_verifier("mars", theta=1, guard="gap")
+    assert verifier.describe() == {"name": "mars", "theta": 1.0, "guard": "gap", "correction": "residual"}
+    assert isinstance(verifier.params.theta, float)
+    assert verifier_settings("mars") is MarsParams and MarsParams(theta=None).theta is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        verifier.params.theta = 0.5  # type: ignore[misc]
+
+
+def test_a_verifier_registers_only_with_a_frozen_settings_class():
+    @dataclasses.dataclass
+    class Mutable:
+        level: int = 1
+
+    with pytest.raises(TypeError, match="must be a frozen dataclass"):
+        register_verifier("mutable", params=Mutable)
+    assert "mutable" not in available_verifiers()
 
 
 def test_exact_keeps_the_longest_prefix_equal_to_the_argmax():
@@ -63,16 +113,14 @@ def test_exact_emits_the_bonus_argmax_after_a_fully_accepted_chain():
         (0.0, -0.01, "gap", False),  # z1 = 0 allows no gap
         (1e-6, 0.95e-6, "never", True),  # tiny but positive: the ratio decides
         (1e-6, -5.0, "never", False),
-        (4.0, 4.0, "never", True),  # a tie: r = 1
+        (4.0, 4.0, "never", True),  # a tie: r = 1, token 0 is the top token (the first maximum)
     ],
 )
 def test_mars_greedy_relaxes_the_runner_up_exactly_when_the_margin_holds(z1, z2, guard, relaxes):
     step = step_from([margin_row(z1, z2), margin_row(1.0, 0.0)], [1], GREEDY)
     verdict = get_verifier("mars", theta=0.9, guard=guard).verify(step)
-    if z1 == z2:  # which tied index is "top-1" is arbitrary; the other one is the runner-up
-        assert verdict.accepted_len == 1
-        return
     assert verdict.accepted_len == int(relaxes)
+    assert verdict.decisions.triggered.tolist() == [relaxes]
     assert verdict.decisions.reasons.tolist() == [Reason.RELAXED if relaxes else Reason.REJECTED]
     assert verdict.next_token == 0  # bonus argmax of row 1, or the correction argmax of row 0
 
@@ -90,14 +138,58 @@ def test_mars_records_the_margin_statistic():
     assert decisions.top1_logit.tolist() == [10.0] and decisions.top2_logit.tolist() == [9.5]
 
 
-def test_mars_off_switch_equals_exact_in_greedy():
+@pytest.mark.parametrize(("name", "settings"), [("exact", {}), ("mars", {"theta": None}), ("mars", {}), ("mars_ref", {})])
+def test_a_draft_tied_for_the_top_logit_is_the_top_token(name, settings):
+    # Tokens 0 and 1 tie; the top token is the first maximum (torch.argmax, as the baseline
+    # decoder's greedy choice and the official code's argmax). A rule that tested the draft
+    # against one tied index and emitted another rejected token 0 and then emitted it.
+    step = step_from([[4.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], [0])
+    verdict = get_verifier(name, **settings).verify(step)
+    assert verdict.accepted.tolist() == [0] and verdict.next_token == 0
+    assert verdict.decisions.reasons.tolist() == [Reason.EXACT]
+
+
+def test_the_top_token_is_the_first_maximum_on_rows_with_ties():
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, 3, (2000, 6), generator=generator).float()  # most rows tie at the top
+    rows[0] = torch.tensor([2.0, 5.0, 5.0, 5.0, 1.0, 5.0])
+    top = top_two(rows)
+    assert torch.equal(top.t1, torch.argmax(rows, dim=-1))
+    assert top.t1[0] == 1 and top.t2[0] == 2 and top.z2[0] == 5.0
+    for row, t1, z2, t2 in zip(rows.tolist(), top.t1.tolist(), top.z2.tolist(), top.t2.tolist()):
+        assert row[t1] == max(row) and z2 == sorted(row)[-2]
+        assert t2 == min(j for j in range(len(row)) if j != t1 and row[j] == z2)
+    ties = rows == rows.max(dim=-1, keepdim=True).values
+    assert (ties.sum(-1) > 1).float().mean() > 0.3  # the rows do test ties
+
+
+def tie_heavy_step(generator: torch.Generator, tree: bool) -> VerifyInput:
+    """Small integer logits (many ties); drafts mostly among a row's tied maxima."""
+    vocab, count = 4, int(torch.randint(0, 5, (1,), generator=generator))
+    parents = [-1, -1, 0, 0, 1][:count] if tree else list(range(-1, count - 1))
+    rows = torch.randint(0, 3, (count + 1, vocab), generator=generator).float()
+    drafts: list[int] = []
+    for node, parent in enumerate(parents):
+        ties = torch.nonzero(rows[parent + 1] == rows[parent + 1].max()).flatten().tolist()
+        siblings = [drafts[other] for other in range(node) if parents[other] == parent]
+        pool = ties if torch.rand(1, generator=generator) < 0.8 else range(vocab)
+        choices = [token for token in pool if token not in siblings] or [token for token in range(vocab) if token not in siblings]
+        drafts.append(choices[int(torch.randint(0, len(choices), (1,), generator=generator))])
+    return VerifyInput(torch.tensor(drafts, dtype=torch.long), torch.tensor(parents, dtype=torch.long), rows)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_mars_off_switch_equals_exact_in_greedy_under_ties(tree):
     generator = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        rows = torch.randn(5, 6, generator=generator) * 3
-        drafts = torch.randint(0, 6, (4,), generator=generator)
-        step = VerifyInput(drafts, torch.arange(-1, 3), rows)
-        off, exact = get_verifier("mars", theta=None).verify(step), get_verifier("exact").verify(step)
-        assert off.accepted.tolist() == exact.accepted.tolist() and off.next_token == exact.next_token
+    off, exact = get_verifier("mars", theta=None), get_verifier("exact")
+    accepted_lengths = []
+    for _ in range(1000):
+        step = tie_heavy_step(generator, tree)
+        mine, reference = off.verify(step), exact.verify(step)
+        assert mine.accepted.tolist() == reference.accepted.tolist() and mine.next_token == reference.next_token
+        assert mine.decisions.reasons.tolist() == reference.decisions.reasons.tolist()
+        accepted_lengths.append(reference.accepted_len)
+    assert max(accepted_lengths) >= 2 and min(accepted_lengths) == 0
 
 
 @pytest.mark.parametrize("correction", ["residual", "target"])
@@ -173,6 +265,45 @@ def test_a_vocabulary_of_one_is_handled():
         assert verdict.accepted_len == 1 and verdict.next_token == 0
 
 
+def test_mars_reports_its_trigger_per_visited_depth():
+    # Depth 0: triggered (r = 0.95), the runner-up is relaxed; depth 1: not triggered (r = 0.5), rejected.
+    rows = [margin_row(10.0, 9.5), margin_row(10.0, 5.0), margin_row(1.0, 0.0)]
+    for settings in ({}, {"guard": "gap"}):
+        decisions = get_verifier("mars", **settings).verify(step_from(rows, [1, 1])).decisions
+        assert decisions.reasons.tolist() == [Reason.RELAXED, Reason.REJECTED]
+        assert decisions.triggered.tolist() == [True, False] and decisions.triggered_count == 1
+    off = get_verifier("mars", theta=None).verify(step_from(rows, [0, 0])).decisions
+    assert off.triggered.tolist() == [False, False] and off.triggered_count == 0
+    sampled = get_verifier("mars").verify(step_from(rows, [1, 1], SAMPLE), generator=torch.Generator().manual_seed(0))
+    assert sampled.decisions.triggered.tolist()[0] is True
+
+
+def test_mars_reports_the_trigger_of_the_rows_a_tree_walk_visits():
+    # Root row triggered; node 1 (token 1, relaxed) judges with row 2, which is not triggered.
+    rows = [margin_row(10.0, 9.5), margin_row(1.0, 0.0), margin_row(10.0, 1.0), margin_row(9.0, 8.9)]
+    step = VerifyInput(torch.tensor([3, 1, 4]), torch.tensor([-1, -1, 1]), torch.tensor(rows))
+    decisions = get_verifier("mars").verify(step).decisions
+    assert decisions.reasons.tolist() == [Reason.RELAXED, Reason.REJECTED]
+    assert decisions.triggered.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("name", ["exact", "rejection", "typical"])
+def test_verifiers_without_a_trigger_report_none(name):
+    step = step_from([margin_row(10.0, 9.5), margin_row(1.0, 0.0)], [1], SAMPLE)
+    decisions = get_verifier(name).verify(step, generator=torch.Generator().manual_seed(0)).decisions
+    assert decisions.triggered is None and decisions.triggered_count is None
+
+
+def test_reason_codes_import_without_torch():
+    code = "import sys, mars_bench.reasons; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    from mars_bench import reasons
+    from mars_bench.verification import base
+
+    assert Reason is reasons.Reason is base.Reason
+    assert [(code.name, int(code)) for code in Reason] == [("EXACT", 0), ("RELAXED", 1), ("SAMPLED", 2), ("REJECTED", 3)]
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [
@@ -184,6 +315,12 @@ def test_a_vocabulary_of_one_is_handled():
         (lambda: get_verifier("mars_ref", theta=2), "theta=2 is invalid"),
         (lambda: get_verifier("mars", guard="clip"), "guard='clip' is invalid: allowed are never, gap"),
         (lambda: get_verifier("mars", correction="argmax"), "correction='argmax' is invalid"),
+        (lambda: get_verifier("typical", delta=0), r"delta=0 is invalid: allowed is a number in \(0, 1\]"),
+        (lambda: get_verifier("mars", thet=0.9), "^verifier mars has no setting 'thet': allowed are theta, guard, correction$"),
+        (lambda: get_verifier("mars_ref", guard="gap"), "^verifier mars_ref has no setting 'guard': allowed are theta$"),
+        (lambda: get_verifier("exact", theta=0.9), "^verifier exact has no setting 'theta': allowed are none$"),
+        (lambda: get_verifier("rejection", a=1, b=2), "^verifier rejection has no settings 'a', 'b': allowed are none$"),
+        (lambda: verifier_settings("strict"), "unknown verifier 'strict': allowed are exact, mars"),
         (lambda: SamplingParams(temperature=-0.5), "temperature=-0.5 is invalid: allowed is a finite number >= 0"),
         (lambda: SamplingParams(top_p=0.0), r"top_p=0.0 is invalid: allowed is a number in \(0, 1\]"),
         (lambda: SamplingParams(top_p=1.2), "top_p=1.2 is invalid"),

@@ -1,7 +1,7 @@
 """Property-based tests over verifier inputs: for random logits (inf and NaN included), a
 vocabulary of 1, empty drafts, all-equal logits and extreme temperatures, every verifier
 returns a well-formed verdict or raises a one-line ValueError; it never crashes deeper
-inside and never emits a token the target's processed distribution rules out."""
+inside and never emits a token its own processing of the target's logits rules out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
-from mars_bench.verification.sampling import SamplingParams, process_logits
+from mars_bench.verification.sampling import SamplingParams, probabilities
 
 LOGIT = st.one_of(
     st.floats(-50, 50, allow_nan=False, width=32),
@@ -51,28 +51,34 @@ def steps(draw) -> VerifyInput:
     )
 
 
-def well_formed(step: VerifyInput, verdict) -> None:
+def well_formed(step: VerifyInput, verifier, verdict) -> None:
     n, vocab = step.num_drafts, step.target_logits.shape[-1]
     count = verdict.accepted_len
     assert 0 <= count <= n
     assert verdict.accepted.tolist() == list(range(count))
     assert 0 <= verdict.next_token < vocab
-    processed = process_logits(step.target_logits, step.sampling)
+    processed = verifier.process(step.target_logits, step.sampling)
     assert math.isfinite(float(processed[count, verdict.next_token]))  # never a filtered token
-    assert len(verdict.decisions.reasons) == min(count + 1, n)
+    decisions = verdict.decisions
+    assert len(decisions.reasons) == min(count + 1, n) and decisions.reasons.dtype == torch.long
+    if verifier.has_trigger:
+        assert decisions.triggered.dtype == torch.bool and len(decisions.triggered) == len(decisions.reasons)
+    else:
+        assert decisions.triggered is None
 
 
 @pytest.mark.parametrize("name", available_verifiers())
 @settings(max_examples=FUZZ_CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(step=steps(), seed=st.integers(0, 2**31 - 1))
 def test_a_verdict_or_a_clear_error_never_a_crash(name, step, seed):
+    verifier = get_verifier(name)
     try:
-        verdict = get_verifier(name).verify(step, generator=torch.Generator().manual_seed(seed))
+        verdict = verifier.verify(step, generator=torch.Generator().manual_seed(seed))
     except ValueError as error:
         message = str(error)
         assert message.startswith("invalid verifier input: ") and "\n" not in message
         return
-    well_formed(step, verdict)
+    well_formed(step, verifier, verdict)
 
 
 def test_bad_inputs_are_named():
@@ -93,5 +99,10 @@ def test_extreme_temperatures_keep_probabilities_finite():
     for name in available_verifiers():
         verdict = get_verifier(name).verify(step, generator=torch.Generator().manual_seed(0))
         assert verdict.next_token in (0, 2)  # near-zero temperature: the argmax of its row
-    hot = VerifyInput(torch.tensor([2]), torch.tensor([-1]), logits, SamplingParams(temperature=1e30))
-    assert get_verifier("rejection").verify(hot, generator=torch.Generator().manual_seed(0)).accepted_len in (0, 1)
+    # Near-infinite temperature: p is uniform, so a one-hot draft of token 2 (logit -5) is kept a third of the time.
+    hot = SamplingParams(temperature=1e30)
+    assert torch.allclose(probabilities(logits, hot), torch.full((2, 3), 1 / 3))
+    step = VerifyInput(torch.tensor([2]), torch.tensor([-1]), logits, hot)
+    rejection = get_verifier("rejection")
+    kept = sum(rejection.verify(step, generator=torch.Generator().manual_seed(seed)).accepted_len for seed in range(600))
+    assert 150 < kept < 250

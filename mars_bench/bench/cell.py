@@ -15,21 +15,25 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key
 from mars_bench.bench.manifest import build_manifest, write_manifest
-from mars_bench.bench.records import SCHEMA_VERSION, Record, RecordWriter, finite_or_none
-from mars_bench.config import check_run_config, drafter_setting, max_draft_depth, shadow_verifiers, verifier_params
+from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
+from mars_bench.config import (
+    check_run_config,
+    drafter_params,
+    drafter_setting,
+    max_draft_depth,
+    setting_string,
+    shadow_verifiers,
+    verifier_params,
+)
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import draft_length_policy
-from mars_bench.drafting import drafter_for
-from mars_bench.drafting.model import SEPARATE_MODEL_DRAFTERS
+from mars_bench.drafting import drafter_for, drafter_needs_model
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier, get_verifier
-from mars_bench.verification.mars import margin_trigger
-
-BASELINE = "baseline"
 
 
 @lru_cache(maxsize=4)
@@ -52,13 +56,13 @@ def cached_model(
 def load_models(cfg: Any) -> dict[str, LoadedModel]:
     """The target (sharded per model.device_map / max_memory, its plan checked before loading)
     and, for drafter=model, the draft model on the target's input device (``drafter_device``)."""
-    from mars_bench.models import drafter_device
+    from mars_bench.placement import drafter_device
 
     m = cfg.model
     memory = tuple(sorted(((str(k), v) for k, v in m.max_memory.items()), key=str)) if m.max_memory else None
     offload_folder = getattr(m, "offload_folder", None)
     models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory, offload_folder)}
-    if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS:
+    if drafter_needs_model(cfg.drafter.name):
         # Unsharded targets keep the default device; sharded ones get the drafter beside their first device.
         place = str(drafter_device(models["target"].model)) if m.device_map else None
         models["drafter"] = cached_model(m.draft_model, m.dtype, place, m.attn_implementation, None)
@@ -67,18 +71,22 @@ def load_models(cfg: Any) -> dict[str, LoadedModel]:
 
 
 def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str, Any]:
-    """The config keys every record of a cell carries."""
-    model, verifier_name = cfg.model, cfg.verifier.name
+    """The config keys every record of a cell carries; the verifier's settings come from the
+    verifier itself (or, before one is built, from the config node of the one named)."""
+    model = cfg.model
+    settings = dict(verifier.describe()) if verifier is not None else {"name": cfg.verifier.name, **configured_settings(cfg)}
+    settings.pop("name")
     return {
         "cell": name,
         "model": model.name,
         "target": model.target,
-        "draft_model": model.draft_model if cfg.drafter.name in SEPARATE_MODEL_DRAFTERS else None,
+        "draft_model": model.draft_model if drafter_needs_model(cfg.drafter.name) else None,
         "drafter": cfg.drafter.name,
         "gamma": cfg.drafter.gamma,
-        "verifier": verifier_name,
-        "theta": getattr(verifier, "theta", cfg.verifier.theta) if verifier_name in ("mars", "mars_ref") else None,
-        "guard": cfg.verifier.guard if verifier_name == "mars" else None,
+        "verifier": cfg.verifier.name,
+        "theta": settings.get("theta"),
+        "guard": settings.get("guard"),
+        "verifier_setting": setting_string(settings),
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
         "top_k": cfg.top_k,
@@ -89,6 +97,14 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
         "draft_length": cfg.drafter.length,
         "drafter_setting": drafter_setting(cfg.drafter),
     }
+
+
+def configured_settings(cfg: Any) -> dict[str, Any]:
+    """The configured verifier's settings, or none where its name is not known (the failure row says why)."""
+    try:
+        return verifier_params(cfg.verifier)
+    except ValueError:
+        return {}
 
 
 def failure_record(
@@ -127,8 +143,6 @@ class Cell:
         verifier = get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
         self.methods = [Method(BASELINE, None, None), Method(cfg.verifier.name, verifier, self.build_drafter())]
         self.scorer = self.build_scorer()
-        self.theta = getattr(verifier, "theta", 0.9)
-        self.guard = getattr(verifier, "guard", "never")
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
 
@@ -145,13 +159,9 @@ class Cell:
             d.name,
             self.target.model,
             drafter_model.model if drafter_model else None,
-            layers=d.layers,
-            max_ngram=d.max_ngram,
-            min_ngram=d.min_ngram,
-            min_confidence=d.min_confidence if d.length == "confidence" else None,
-            top_k=d.top_k,
-            tree_tokens=d.tree_tokens,
             head=self.cfg.model.eagle3_head,
+            min_confidence=d.min_confidence if d.length == "confidence" else None,
+            **drafter_params(d),
         )
 
     def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
@@ -278,10 +288,8 @@ class Cell:
         cfg = self.cfg
         phases = result.phase_seconds()
         accepted, reached = result.accepted_per_depth()
-        z1 = torch.tensor([z for step in result.steps for z in step.top1_logits], dtype=torch.float64)
-        z2 = torch.tensor([z for step in result.steps for z in step.top2_logits], dtype=torch.float64)
-        margins = torch.tensor([r for step in result.steps for r in step.margins], dtype=torch.float64)
-        triggered = margin_trigger(z1, z2, self.theta, self.guard)
+        z1 = [z for step in result.steps for z in step.top1_logits]
+        margins = [r for step in result.steps for r in step.margins]
         is_method = method.verifier is not None
         return Record(
             **cell_keys(cfg, self.name, method.verifier or self.methods[1].verifier),
@@ -300,9 +308,9 @@ class Cell:
             reached_per_depth=reached,
             step_accepted=[step.accepted for step in result.steps],
             shadow_accepted=dict(zip(self.shadows, result.shadow_accepted(len(self.shadows)))) if is_method else {},
-            trigger_count=int(triggered.sum()) if is_method else 0,
-            verified_positions=int(z1.numel()),
-            nonpositive_top1=int((z1 <= 0).sum()),
+            trigger_count=result.trigger_count,
+            verified_positions=len(z1),
+            nonpositive_top1=sum(z <= 0 for z in z1),
             margins=[finite_or_none(float(r)) for r in margins],
             reasons=[r for step in result.steps for r in step.reasons],
             prefill_s=result.prefill_s,
@@ -311,7 +319,7 @@ class Cell:
             target_s=phases["target"],
             verify_s=phases["verify"],
             bookkeeping_s=phases["bookkeeping"],
-            tokens_per_s=result.new_tokens / (result.prefill_s + result.decode_s),
+            tokens_per_s=result.tokens_per_s,
             stop_reason=result.stop_reason,
             output_ids=result.tokens,
             output_text=answer,

@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
-from mars_bench.models import drafter_device, input_device, placement
+from mars_bench.paths import CONF_DIR, PACKAGE_DIR
+from mars_bench.placement import drafter_device, input_device, placement
+
+REPO_ROOT = PACKAGE_DIR.parent
 
 PACKAGES = ("mars-bench", "torch", "transformers", "accelerate", "hydra-core", "safetensors", "gguf", "datasets", "numpy")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -91,16 +93,21 @@ def model_record(role: str, loaded: Any, models: dict[str, Any]) -> dict[str, An
     return {**record, **loaded.resolved.to_record()}
 
 
-def source_hash(root: Path = REPO_ROOT, folders: tuple[str, ...] = ("mars_bench", "conf")) -> str:
-    """sha256 over the harness's own code and configs (``*.py``, ``*.yaml`` below ``folders``).
+def source_hash(package: Path = PACKAGE_DIR, conf: Path = CONF_DIR) -> str:
+    """sha256 over the harness's own code and configs (``*.py``, ``*.yaml`` of the package and of ``conf/``).
 
-    Names the code where git cannot: a run from an exported tree (``git archive``). Hash a
-    checkout the same way to find its commit. Taken when the manifest is written.
+    Names the code where git cannot: a run from an exported tree (``git archive``) or from an
+    installed wheel. Each file is named as it stands in a checkout (``mars_bench/...``,
+    ``conf/...``; the analysis, which runs no model, is left out), so a checkout and a wheel
+    built from it hash alike. Taken when the manifest is written.
     """
+    inside = {package / "conf", package / "analysis"}  # where a wheel carries conf/ and analysis/
+    code = [p for p in package.rglob("*") if not any(folder in p.parents for folder in inside)]
+    named = [(f"mars_bench/{p.relative_to(package).as_posix()}", p) for p in code]
+    named += [(f"conf/{p.relative_to(conf).as_posix()}", p) for p in conf.rglob("*")]
     digest = hashlib.sha256()
-    files = sorted(p for folder in folders for p in (root / folder).rglob("*") if p.suffix in (".py", ".yaml"))
-    for path in files:
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in sorted((name, path) for name, path in named if path.suffix in (".py", ".yaml")):
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
-SCHEMA_VERSION = 3  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting
+BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
+SCHEMA_VERSION = 4  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+# 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none)
 
 
 @dataclass
@@ -34,6 +36,7 @@ class Record:
     verifier: str
     theta: float | None
     guard: str | None
+    verifier_setting: str  # the verifier's settings, e.g. "theta=0.9,guard=never,correction=residual"
     temperature: float
     top_p: float
     top_k: int
@@ -59,7 +62,7 @@ class Record:
     reached_per_depth: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)
     shadow_accepted: dict[str, list[int]] = field(default_factory=dict)  # shadow verifier -> drafts kept per drafting step
-    trigger_count: int = 0  # verified positions whose margin passes the cell's theta and guard
+    trigger_count: int | None = None  # verified positions where the verifier's own trigger fired; None: it has none
     verified_positions: int = 0
     nonpositive_top1: int = 0  # verified positions with z1 <= 0
     margins: list[float | None] = field(default_factory=list)  # z2 / z1 per verified position

@@ -1,55 +1,98 @@
-"""The end-of-run summary: per method tok/s, speedup vs the baseline (throughput ratio with
-a paired bootstrap 95% CI, and the paper's mean-of-rates convention), tau and score."""
+"""The one summariser of records (torch-free: pandas only), for the end-of-run table and the analysis.
+
+Method rows are paired with baseline rows of the same prompt; a paired set gives speed (the
+throughput ratio with a paired bootstrap 95% CI, and the paper's mean-of-rates convention),
+tau, acceptance, the verifier's own trigger rate and the score with its CI.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from mars_bench.bench.stats import bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
+from mars_bench.bench.records import BASELINE
+from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
 
-BASELINE = "baseline"
+PROMPT = ["question_id", "turn"]
+
+
+def finished(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows that decoded successfully, with ``seconds`` (prefill + decode) and ``emitted``
+    (tokens after the prefill's, the ones verification steps produced)."""
+    ok = frame[frame["status"] == "ok"].copy() if "status" in frame else frame.copy()
+    ok["seconds"] = ok["prefill_s"] + ok["decode_s"]
+    ok["emitted"] = ok["new_tokens"] - 1
+    return ok
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else np.nan
+
+
+def summarise_paired(rows: pd.DataFrame) -> dict[str, Any]:
+    """Speed, acceptance and quality of paired rows (one per prompt, columns ``*_base`` from the baseline).
+
+    trigger_rate counts the rows whose verifier reports a trigger (``trigger_count`` not null):
+    NaN for a verifier without one.
+    """
+    speed = (rows["new_tokens"], rows["seconds"], rows["new_tokens_base"], rows["seconds_base"])
+    some = len(rows) > 0
+    low, high = bootstrap_ratio_ci(*speed) if some else (np.nan, np.nan)
+    scores = rows["score"].dropna() if "score" in rows else pd.Series(dtype=float)
+    score_low, score_high = bootstrap_mean_ci(scores)
+    counted = rows[rows["trigger_count"].notna()] if "trigger_count" in rows else rows.iloc[:0]
+    accepted = rows["accepted"].sum()
+    return {
+        "prompts": len(rows),
+        "tokens": int(rows["new_tokens"].sum()),
+        "tok_per_s": ratio(rows["new_tokens"].sum(), rows["seconds"].sum()),
+        "speedup": throughput_ratio(*speed) if some else np.nan,
+        "speedup_ci_low": low,
+        "speedup_ci_high": high,
+        "speedup_mean_rate": mean_rate_ratio(*speed) if some else np.nan,
+        "tau": ratio(rows["emitted"].sum(), rows["steps"].sum()),
+        "acceptance_rate": ratio(accepted, rows["drafted"].sum()),
+        "relaxed": int(rows["relaxed"].sum()),
+        "relaxed_share": ratio(rows["relaxed"].sum(), accepted),
+        "trigger_rate": ratio(counted["trigger_count"].sum(), counted["verified_positions"].sum()) if len(counted) else np.nan,
+        "agreement": rows["agreement"].mean() if "agreement" in rows and rows["agreement"].notna().any() else np.nan,
+        "score": scores.mean() if len(scores) else np.nan,
+        "score_ci_low": score_low,
+        "score_ci_high": score_high,
+    }
+
+
+def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[str]) -> pd.DataFrame:
+    """``methods`` with the ``new_tokens`` and ``seconds`` of the baseline row of the same ``on`` keys (``*_base``)."""
+    base = baselines[[*on, "new_tokens", "seconds"]]
+    return methods.merge(base, on=on, suffixes=("", "_base"), how="inner")
+
+
+TERMINAL = ["cell", "method", "verifier", "theta", "prompts", "tokens", "tok_per_s", "speedup", "speedup_ci_low",
+            "speedup_ci_high", "speedup_mean_rate", "tau", "relaxed", "trigger_rate", "agreement", "score"]  # fmt: skip
 
 
 def summarise(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per (cell, method). Prompts pair on (question_id, turn)."""
-    frame = pd.DataFrame([row for row in rows if row.get("status", "ok") == "ok"])
-    if frame.empty:
+    """One row per (cell, method) of a run's records. Prompts pair on (question_id, turn) within a cell;
+    the baseline pairs with itself (speedup 1, agreement 1)."""
+    frame = pd.DataFrame(rows)
+    if frame.empty or "status" not in frame or not (frame["status"] == "ok").any():
         return pd.DataFrame()
-    frame["seconds"] = frame["prefill_s"] + frame["decode_s"]
-    frame["emitted"] = frame["new_tokens"] - 1
+    frame = finished(frame)
     out = []
     for cell, cell_rows in frame.groupby("cell", sort=False):
-        base = cell_rows[cell_rows["method"] == BASELINE][["question_id", "turn", "new_tokens", "seconds"]]
+        base = cell_rows[cell_rows["method"] == BASELINE]
         for method, group in cell_rows.groupby("method", sort=False):
-            paired = group.merge(base, on=["question_id", "turn"], suffixes=("", "_base"), how="inner")
-            args = (paired["new_tokens"], paired["seconds"], paired["new_tokens_base"], paired["seconds_base"])
-            low, high = bootstrap_ratio_ci(*args) if len(paired) else (float("nan"), float("nan"))
-            steps = group["steps"].sum()
-            verified = group["verified_positions"].sum()
-            out.append(
-                {
-                    "cell": cell,
-                    "method": method,
-                    "verifier": group["verifier"].iloc[0] if method != BASELINE else BASELINE,
-                    "theta": group["theta"].iloc[0] if method != BASELINE else None,
-                    "prompts": len(group),
-                    "tokens": int(group["new_tokens"].sum()),
-                    "tok_per_s": group["new_tokens"].sum() / group["seconds"].sum(),
-                    "speedup": throughput_ratio(*args) if len(paired) else float("nan"),
-                    "speedup_ci_low": low,
-                    "speedup_ci_high": high,
-                    "speedup_mean_rate": mean_rate_ratio(*args) if len(paired) else float("nan"),
-                    "tau": group["emitted"].sum() / steps if steps else float("nan"),
-                    "relaxed": int(group["relaxed"].sum()),
-                    "trigger_rate": group["trigger_count"].sum() / verified if verified and method != BASELINE else None,
-                    "agreement": group["agreement"].mean() if method != BASELINE else 1.0,
-                    "score": group["score"].mean() if group["score"].notna().any() else None,
-                }
-            )
-    return pd.DataFrame(out)
+            summary = summarise_paired(pair_with_baseline(group, base, PROMPT))
+            if method == BASELINE:
+                summary |= {"agreement": 1.0, "trigger_rate": np.nan}
+            setting = {"verifier": BASELINE, "theta": None} if method == BASELINE else {
+                "verifier": group["verifier"].iloc[0], "theta": group["theta"].iloc[0]}  # fmt: skip
+            out.append({"cell": cell, "method": method, **setting, **summary})
+    return pd.DataFrame(out)[TERMINAL]
 
 
 def format_table(summary: pd.DataFrame) -> str:

@@ -20,7 +20,7 @@ from mars_bench.decoding.draft_length import DraftLength, FixedLength
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter, empty_draft
 from mars_bench.kvcache import cached_forward, crop_to, keep_positions
-from mars_bench.models import input_device
+from mars_bench.placement import input_device
 from mars_bench.trees import is_chain, node_depths
 from mars_bench.verification import Verifier, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
@@ -200,6 +200,7 @@ class _Run:
             margins=decisions.margin.tolist(),
             top1_logits=decisions.top1_logit.tolist(),
             top2_logits=decisions.top2_logit.tolist(),
+            triggered=None if decisions.triggered is None else decisions.triggered.tolist(),
             shadow_accepted=shadow_accepted,
             draft_s=draft_s,
             target_s=target_s,

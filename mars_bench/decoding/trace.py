@@ -20,6 +20,7 @@ class StepRecord:
     margins: list[float] = field(default_factory=list)  # z2 / z1 per visited depth
     top1_logits: list[float] = field(default_factory=list)  # largest target logit per visited depth
     top2_logits: list[float] = field(default_factory=list)  # runner-up logit per visited depth
+    triggered: list[bool] | None = None  # per visited depth: did the verifier's own trigger fire (None: it has none)
     shadow_accepted: list[int] = field(default_factory=list)  # drafts each shadow verifier would keep, in order
     draft_s: float = 0.0
     target_s: float = 0.0
@@ -45,6 +46,11 @@ class DecodeResult:
         return len(self.tokens)
 
     @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of prefill and decode together (the rate every table uses)."""
+        return self.new_tokens / (self.prefill_s + self.decode_s)
+
+    @property
     def verify_steps(self) -> int:
         return len(self.steps)
 
@@ -65,6 +71,13 @@ class DecodeResult:
     @property
     def relaxed(self) -> int:
         return sum(step.relaxed for step in self.steps)
+
+    @property
+    def trigger_count(self) -> int | None:
+        """Verified positions where the verifier's own trigger fired; None for a verifier without one
+        (and for the baseline, which verifies nothing)."""
+        counts = [sum(step.triggered) for step in self.steps if step.triggered is not None]
+        return sum(counts) if counts else None
 
     def accepted_per_depth(self) -> tuple[list[int], list[int]]:
         """(accepted at depth d, reached depth d) for d = 0, 1, ... (alpha_d = ratio), up to the

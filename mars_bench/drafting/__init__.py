@@ -1,6 +1,46 @@
-"""Drafters: propose chains or trees of tokens with their draft probabilities."""
+"""Drafters: propose chains or trees of tokens with their draft probabilities.
+
+Each drafter registers its factory and its settings dataclass (``drafting/base.py``); the
+registry answers what a drafter takes and needs: ``drafter_settings``, ``drafter_needs_model``,
+``is_tree_drafter``.
+"""
 
 from mars_bench.drafting import eagle3, layerskip, lookup, model  # noqa: F401  (registration)
-from mars_bench.drafting.base import Draft, Drafter, available_drafters, build_drafter, check_drafter_name, drafter_for
+from mars_bench.drafting.base import (
+    Draft,
+    Drafter,
+    DrafterContext,
+    NoSettings,
+    available_drafters,
+    build_drafter,
+    build_settings,
+    check_drafter_name,
+    drafter_for,
+    drafter_needs_model,
+    drafter_settings,
+    is_tree_drafter,
+    register_drafter,
+)
 
-__all__ = ["Draft", "Drafter", "available_drafters", "build_drafter", "check_drafter_name", "drafter_for"]
+# Computed from the registry of the built-in drafters, for callers of the former hand-written
+# tuples; the functions above also see drafters registered later.
+SEPARATE_MODEL_DRAFTERS = tuple(name for name in available_drafters() if drafter_needs_model(name))
+TREE_DRAFTERS = tuple(name for name in available_drafters() if is_tree_drafter(name))
+
+__all__ = [
+    "SEPARATE_MODEL_DRAFTERS",
+    "TREE_DRAFTERS",
+    "Draft",
+    "Drafter",
+    "DrafterContext",
+    "NoSettings",
+    "available_drafters",
+    "build_drafter",
+    "build_settings",
+    "check_drafter_name",
+    "drafter_for",
+    "drafter_needs_model",
+    "drafter_settings",
+    "is_tree_drafter",
+    "register_drafter",
+]

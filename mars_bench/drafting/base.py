@@ -1,14 +1,21 @@
-"""The drafter interface: propose a chain of tokens with their draft probabilities."""
+"""The drafter interface and registry.
+
+Each drafter declares its settings once, as a frozen dataclass (field defaults = the drafter's
+defaults, ranges checked in ``__post_init__``), and registers a factory under its name with
+``register_drafter``. What a drafter is built from besides its settings (the loaded models,
+the device, the EAGLE-3 head source, a confidence threshold set by the draft-length policy)
+is its ``DrafterContext``: never a setting.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import torch
 
-from mars_bench.models import input_device
+from mars_bench.placement import input_device
 from mars_bench.verification.sampling import SamplingParams
 
 
@@ -33,6 +40,33 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
+@dataclass(frozen=True)
+class NoSettings:
+    """The settings of a drafter that has none of its own (``none``; ``model``, whose draft
+    length is the engine's gamma and draft-length policy)."""
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter is built from besides its settings; each factory reads what it needs.
+
+    target: the target causal LM (layerskip shares its layers; eagle3 reads its config,
+    embeddings and device). model: the separate draft model (model, model_tree). vocab_size:
+    the target's logits width (drafter distributions are fitted to it). device: where drafts
+    go when the drafter has no model to say so (lookup; default CPU). head: the EAGLE-3 head,
+    a folder or Hub id (``model.eagle3_head``) or a loaded ``Eagle3Head``. min_confidence:
+    stop drafting after a token with q below it; set only under ``drafter.length=confidence``
+    and read by the drafters that have a q to compare (model, layerskip).
+    """
+
+    target: Any = None
+    model: Any = None
+    vocab_size: int | None = None
+    device: torch.device | str | None = None
+    head: Any = None
+    min_confidence: float | None = None
+
+
 class Drafter:
     """Proposes tokens after the committed context.
 
@@ -48,9 +82,13 @@ class Drafter:
     for every committed token but the newest, computed by the target forwards the engine
     runs anyway: the prompt's rows in ``begin``, the root's and the accepted nodes' rows in
     ``accept``.
+
+    ``settings``: the drafter's settings dataclass instance (as used: a default the drafter
+    resolves from its context is stored resolved).
     """
 
     name: str = "base"
+    settings: Any = NoSettings()
     hidden_layers: tuple[int, ...] = ()
 
     def begin(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
@@ -71,43 +109,134 @@ class Drafter:
         (the root's row, then the path's) or None."""
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name}
+        """What the records carry about this drafter: its name, its settings, then ``facts()``."""
+        return {"name": self.name, **asdict(self.settings), **self.facts()}
+
+    def facts(self) -> dict[str, object]:
+        """Facts of the drafter's context that the records carry beside its settings (none here)."""
+        return {}
 
 
-DrafterFactory = Callable[..., Drafter]
-_REGISTRY: dict[str, DrafterFactory] = {}
+DrafterFactory = Callable[[Any, DrafterContext], "Drafter | None"]
 
 
-def register_drafter(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A registered drafter: its factory(settings, context), its settings class, whether it
+    needs a separate draft model (``model.draft_model``) and whether it drafts trees."""
+
+    name: str
+    factory: DrafterFactory
+    settings: type
+    needs_draft_model: bool = False
+    tree: bool = False
+
+
+_REGISTRY: dict[str, DrafterSpec] = {}
+
+
+def register_drafter(
+    name: str, settings: type = NoSettings, needs_draft_model: bool = False, tree: bool = False
+) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Register ``factory(settings, context) -> Drafter`` as the drafter ``name``; ``settings``
+    is its frozen settings dataclass."""
+    if not is_dataclass(settings) or not settings.__dataclass_params__.frozen:
+        raise TypeError(f"drafter {name} settings={settings!r} is invalid: allowed is a frozen dataclass")
+
     def wrap(factory: DrafterFactory) -> DrafterFactory:
-        _REGISTRY[name] = factory
+        _REGISTRY[name] = DrafterSpec(name, factory, settings, needs_draft_model, tree)
         return factory
 
     return wrap
 
 
+@register_drafter("none")
+def _no_drafter(settings: NoSettings, context: DrafterContext) -> None:
+    """Plain autoregressive decoding: no drafter."""
+    return None
+
+
 def available_drafters() -> list[str]:
-    return sorted([*_REGISTRY, "none"])
+    return sorted(_REGISTRY)
+
+
+def drafter_spec(name: str) -> DrafterSpec:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown drafter {name!r}: allowed are {', '.join(available_drafters())}")
+    return _REGISTRY[name]
 
 
 def check_drafter_name(name: str) -> str:
-    if name != "none" and name not in _REGISTRY:
-        raise ValueError(f"unknown drafter {name!r}: allowed are {', '.join(available_drafters())}")
+    drafter_spec(name)
     return name
 
 
-def build_drafter(name: str, **params: object) -> Drafter | None:
-    """The drafter registered as ``name`` (``none`` gives None: plain autoregressive decoding)."""
-    check_drafter_name(name)
-    return None if name == "none" else _REGISTRY[name](**params)
+def drafter_settings(name: str) -> type:
+    """The settings dataclass of the drafter ``name``."""
+    return drafter_spec(name).settings
 
 
-def drafter_for(name: str, target: Any, draft_model: Any = None, **options: object) -> Drafter | None:
-    """The drafter ``name`` for ``target`` (a causal LM): every factory takes what it needs from
-    the target, the separate ``draft_model`` and ``options`` (layers, max_ngram, min_ngram,
-    top_k, tree_tokens, head, ...) and ignores the rest."""
-    device = input_device(target)
-    return build_drafter(name, target=target, model=draft_model, vocab_size=target.config.vocab_size, device=device, **options)
+def drafter_needs_model(name: str) -> bool:
+    """Whether the drafter ``name`` drafts with a separate draft model (``model.draft_model``)."""
+    return drafter_spec(name).needs_draft_model
+
+
+def is_tree_drafter(name: str) -> bool:
+    """Whether the drafter ``name`` drafts trees (its depth is gamma, its size ``tree_tokens``)."""
+    return drafter_spec(name).tree
+
+
+def build_settings(name: str, **values: object) -> Any:
+    """The drafter ``name``'s settings from ``values`` (defaults for the rest), checked."""
+    settings = drafter_settings(name)
+    allowed = [f.name for f in fields(settings)]
+    unknown = [key for key in values if key not in allowed]
+    if unknown:
+        raise ValueError(
+            f"drafter {name} has no setting {', '.join(map(repr, unknown))}: allowed are {', '.join(allowed) or 'none'}"
+        )
+    return settings(**values)
+
+
+def build_drafter(
+    name: str,
+    *,
+    target: Any = None,
+    model: Any = None,
+    vocab_size: int | None = None,
+    device: torch.device | str | None = None,
+    head: Any = None,
+    min_confidence: float | None = None,
+    **settings: object,
+) -> Drafter | None:
+    """The drafter registered as ``name`` (``none`` gives None: plain autoregressive decoding),
+    built from its context (see ``DrafterContext``) and its ``settings`` by name."""
+    spec = drafter_spec(name)
+    context = DrafterContext(target, model, vocab_size, device, head, min_confidence)
+    return spec.factory(build_settings(name, **settings), context)
+
+
+def drafter_for(
+    name: str,
+    target: Any,
+    draft_model: Any = None,
+    *,
+    head: Any = None,
+    min_confidence: float | None = None,
+    **settings: object,
+) -> Drafter | None:
+    """The drafter ``name`` for ``target`` (a causal LM): its vocabulary size and input device
+    come from the target; ``draft_model`` is the separate draft model (model, model_tree)."""
+    return build_drafter(
+        name,
+        target=target,
+        model=draft_model,
+        vocab_size=target.config.vocab_size,
+        device=input_device(target),
+        head=head,
+        min_confidence=min_confidence,
+        **settings,
+    )
 
 
 def empty_draft(device: torch.device) -> Draft:

@@ -10,12 +10,27 @@ hooks on the shared layers and corrupt the target's (see reference/transformers-
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mars_bench.drafting.base import register_drafter
+from mars_bench.drafting.base import DrafterContext, register_drafter
 from mars_bench.drafting.model import ModelDrafter
+
+
+@dataclass(frozen=True)
+class LayerSkipSettings:
+    """layers: the target's first ``layers`` decoder layers draft; None: a quarter of them
+    (at least 1). The upper bound (the target's layer count - 1) is checked when built."""
+
+    layers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1):
+            raise ValueError(
+                f"drafter.layers={self.layers!r} is invalid: allowed is an integer >= 1 or null (a quarter of the target's)"
+            )
 
 
 def truncated_model(target: Any, num_layers: int) -> Any:
@@ -38,13 +53,20 @@ def truncated_model(target: Any, num_layers: int) -> Any:
     return shell.eval()
 
 
-@register_drafter("layerskip")
-def layerskip_drafter(
-    target: Any, layers: int | None = None, min_confidence: float | None = None, **_: object
-) -> ModelDrafter:
-    """Default depth: a quarter of the target's layers (at least 1)."""
-    if layers is None:
-        layers = max(1, target.config.num_hidden_layers // 4)
-    drafter = ModelDrafter(truncated_model(target, layers), vocab_size=target.config.vocab_size, min_confidence=min_confidence)
-    drafter.name = "layerskip"
-    return drafter
+class LayerSkipDrafter(ModelDrafter):
+    """A ``ModelDrafter`` over ``truncated_model(target, settings.layers)``; ``settings.layers``
+    is the depth in use (a default resolved against the target)."""
+
+    name = "layerskip"
+
+    def __init__(self, target: Any, settings: LayerSkipSettings, min_confidence: float | None = None) -> None:
+        layers = settings.layers if settings.layers is not None else max(1, target.config.num_hidden_layers // 4)
+        super().__init__(truncated_model(target, layers), vocab_size=target.config.vocab_size, min_confidence=min_confidence)
+        self.settings = LayerSkipSettings(layers)
+
+
+@register_drafter("layerskip", settings=LayerSkipSettings)
+def layerskip_drafter(settings: LayerSkipSettings, context: DrafterContext) -> LayerSkipDrafter:
+    if context.target is None:
+        raise ValueError("drafter 'layerskip' needs target=the target model: allowed is a drafter built for a target")
+    return LayerSkipDrafter(context.target, settings, context.min_confidence)

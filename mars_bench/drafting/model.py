@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from mars_bench.drafting.base import Draft, Drafter, register_drafter
-from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree, frontier_block
+from mars_bench.drafting.base import Draft, Drafter, DrafterContext, NoSettings, register_drafter
+from mars_bench.drafting.tree import DraftTree, TreeSettings, TreeShape, expand_tree, frontier_block
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
-from mars_bench.models import input_device
+from mars_bench.placement import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
-
-SEPARATE_MODEL_DRAFTERS = ("model", "model_tree")  # the drafters that need model.draft_model
 
 
 def check_min_confidence(value: float | None) -> None:
+    """A ``min_confidence`` is None or a probability in (0, 1)."""
     if value is not None and not 0 < value < 1:
         raise ValueError(f"drafter.min_confidence={value} is invalid: allowed is a number in (0, 1) or null")
 
@@ -112,6 +112,14 @@ class ModelDrafter(Drafter):
         self.cached_valid = self.last_context_len + max(0, min(len(path), self.last_drafted - 1))
 
 
+@dataclass(frozen=True)
+class ModelTreeSettings(TreeSettings):
+    """model_tree: a top-k tree of depth gamma (conf/drafter/model_tree.yaml)."""
+
+    top_k: int = 3
+    tree_tokens: int = 16
+
+
 class TreeModelDrafter(ModelDrafter):
     """Drafts a top-k tree with ``model`` (SpecInfer-style; grown as EAGLE-2 grows its trees).
 
@@ -126,12 +134,9 @@ class TreeModelDrafter(ModelDrafter):
 
     name = "model_tree"
 
-    def __init__(self, model: Any, vocab_size: int | None = None, top_k: int = 3, tree_tokens: int = 16) -> None:
+    def __init__(self, model: Any, vocab_size: int | None = None, settings: ModelTreeSettings | None = None) -> None:
         super().__init__(model, vocab_size)
-        self.top_k, self.tree_tokens = top_k, tree_tokens
-
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "top_k": self.top_k, "tree_tokens": self.tree_tokens}
+        self.settings = settings or ModelTreeSettings()
 
     def propose(
         self,
@@ -140,7 +145,7 @@ class TreeModelDrafter(ModelDrafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        shape = TreeShape.for_step(max_drafts, self.top_k, self.tree_tokens)
+        shape = TreeShape.for_step(max_drafts, self.settings.top_k, self.settings.tree_tokens)
         self._rewind()
         _, root_probs = self._draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
         self.cached_valid = self.cached_total  # the whole context is cached now
@@ -164,19 +169,16 @@ class TreeModelDrafter(ModelDrafter):
         """Nothing to keep: the committed context is cached, the tree was dropped."""
 
 
-@register_drafter("model_tree")
-def model_tree_drafter(
-    model: Any = None, vocab_size: int | None = None, top_k: int = 3, tree_tokens: int = 16, **_: object
-) -> TreeModelDrafter:
-    if model is None:
-        raise ValueError("drafter 'model_tree' needs a separate draft model (model.draft_model)")
-    return TreeModelDrafter(model, vocab_size, top_k, tree_tokens)
-
-
-@register_drafter("model")
-def model_drafter(
-    model: Any = None, vocab_size: int | None = None, min_confidence: float | None = None, **_: object
-) -> ModelDrafter:
-    if model is None:
+@register_drafter("model", needs_draft_model=True)
+def model_drafter(settings: NoSettings, context: DrafterContext) -> ModelDrafter:
+    if context.model is None:
         raise ValueError("drafter 'model' needs a separate draft model: allowed drafters without one are layerskip and lookup")
-    return ModelDrafter(model, vocab_size, min_confidence)
+    return ModelDrafter(context.model, context.vocab_size, context.min_confidence)
+
+
+@register_drafter("model_tree", settings=ModelTreeSettings, needs_draft_model=True, tree=True)
+def model_tree_drafter(settings: ModelTreeSettings, context: DrafterContext) -> TreeModelDrafter:
+    if context.model is None:
+        raise ValueError("drafter 'model_tree' needs a separate draft model (model.draft_model)")
+    return TreeModelDrafter(context.model, context.vocab_size, settings)
+

@@ -12,14 +12,35 @@ from dataclasses import dataclass, field
 import torch
 
 
+def _check_count(option: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{option}={value!r} is invalid: allowed is an integer >= {minimum}")
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """The settings of a tree drafter (its depth is the engine's gamma).
+
+    top_k: children tried per expanded node, and nodes expanded per depth (EAGLE's ``top_k``).
+    tree_tokens: the tree's size counted as EAGLE counts it (``total_token``): the root plus
+        every drafted node, so ``tree_tokens - 1`` nodes are drafted and verified per step.
+    Subclasses set the defaults.
+    """
+
+    top_k: int
+    tree_tokens: int
+
+    def __post_init__(self) -> None:
+        _check_count("drafter.top_k", self.top_k, 1)
+        _check_count("drafter.tree_tokens", self.tree_tokens, 2)
+
+
 @dataclass(frozen=True)
 class TreeShape:
-    """How a tree drafter grows its tree each step.
+    """How a tree drafter grows its tree in one step.
 
     depth: the most drafted tokens on any path (the tree's depth; ``gamma`` in the config).
-    top_k: children tried per expanded node, and nodes expanded per depth.
-    tree_tokens: the tree's size counted as EAGLE counts it (``total_token``): the root plus
-        every drafted node, so ``tree_tokens - 1`` nodes are drafted.
+    top_k, tree_tokens: the drafter's ``TreeSettings``; ``tree_tokens - 1`` nodes are drafted.
     """
 
     depth: int
@@ -27,9 +48,8 @@ class TreeShape:
     tree_tokens: int
 
     def __post_init__(self) -> None:
-        for option, value in (("gamma (tree depth)", self.depth), ("drafter.top_k", self.top_k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{option}={value!r} is invalid: allowed is an integer >= 1")
+        _check_count("gamma (tree depth)", self.depth, 1)
+        _check_count("drafter.top_k", self.top_k, 1)
         if isinstance(self.tree_tokens, bool) or not isinstance(self.tree_tokens, int) or self.tree_tokens - 1 < self.depth:
             raise ValueError(
                 f"drafter.tree_tokens={self.tree_tokens!r} is invalid for depth {self.depth}: allowed is an integer >= "

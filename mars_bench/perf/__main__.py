@@ -19,10 +19,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
 from mars_bench.perf.suite import PerfSettings, run_suite
 
-CONF_MODELS = Path(__file__).resolve().parents[2] / "conf" / "model"
+CONF_MODELS = CONF_DIR / "model"
 
 
 def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:

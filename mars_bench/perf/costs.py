@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.kvcache import cached_logits, crop_to
-from mars_bench.models import input_device
+from mars_bench.placement import input_device
 
 
 def synced_time(device: torch.device) -> float:

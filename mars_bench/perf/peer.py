@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from mars_bench.models import input_device
+from mars_bench.placement import input_device
 
 
 def peer_generation_config(max_new_tokens: int, temperature: float, stop_ids: list[int], pad_id: int) -> GenerationConfig:

@@ -8,7 +8,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -21,11 +20,12 @@ from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_speedup
 from mars_bench.perf.peer import assistant_settings, peer_generate, peer_generation_config
 from mars_bench.tasks.providers import load_questions
 
-CONF_TASKS = Path(__file__).resolve().parents[2] / "conf" / "task"
+CONF_TASKS = CONF_DIR / "task"
 
 
 @dataclass(frozen=True)

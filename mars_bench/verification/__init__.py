@@ -2,11 +2,13 @@
 
 from mars_bench.verification import VerifyInput, get_verifier
 verdict = get_verifier("mars", theta=0.9).verify(step, generator=generator)
+verifier_settings("mars")  # MarsParams: the allowed settings, their defaults and checks
 """
 
 from mars_bench.verification import mars, mars_ref, strict, typical  # noqa: F401  (registration)
 from mars_bench.verification.base import (
     Decisions,
+    NoParams,
     Reason,
     Verdict,
     Verifier,
@@ -14,15 +16,24 @@ from mars_bench.verification.base import (
     available_verifiers,
     get_verifier,
     register_verifier,
+    verifier_settings,
 )
+from mars_bench.verification.mars import MarsParams
+from mars_bench.verification.mars_ref import MarsRefParams
+from mars_bench.verification.typical import TypicalParams
 
 __all__ = [
     "Decisions",
+    "MarsParams",
+    "MarsRefParams",
+    "NoParams",
     "Reason",
+    "TypicalParams",
     "Verdict",
     "Verifier",
     "VerifyInput",
     "available_verifiers",
     "get_verifier",
     "register_verifier",
+    "verifier_settings",
 ]

@@ -1,29 +1,41 @@
-"""The verifier contract: inputs, verdicts, reason codes and the registry.
+"""The verifier contract: inputs, verdicts, reason codes, settings and the registry.
 
 A verifier is a pure tensor function: it sees the drafted nodes, the drafter's
 probabilities and the target's raw logits, and decides which drafts to keep and which
 token to emit after them. It never calls a model and never does I/O.
+
+Each verifier declares its settings once, as a frozen dataclass registered with it
+(``register_verifier(name, params=...)``): the dataclass validates the values, names the
+allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` reports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from mars_bench.reasons import Reason
 from mars_bench.verification.sampling import SamplingParams
 
-
-class Reason(IntEnum):
-    """Why a drafted node was accepted or rejected at a visited depth."""
-
-    EXACT = 0  # the target's own choice (argmax in greedy, the strict rule otherwise)
-    RELAXED = 1  # accepted only because of a lossy rule (margin, typical)
-    SAMPLED = 2  # accepted by a random acceptance test (min(1, p/q))
-    REJECTED = 3
+__all__ = [
+    "Decisions",
+    "NoParams",
+    "Reason",
+    "Verdict",
+    "Verifier",
+    "VerifyInput",
+    "available_verifiers",
+    "check_choice",
+    "check_theta",
+    "check_unit_interval",
+    "get_verifier",
+    "register_verifier",
+    "verifier_settings",
+]
 
 
 @dataclass(frozen=True)
@@ -75,18 +87,28 @@ class Decisions:
     """Per visited depth (D = number of drafted positions judged), on the CPU.
 
     reasons: LongTensor[D] of Reason codes.
-    top1_logit, top2_logit: FloatTensor[D], the two largest processed target logits.
+    top1_logit, top2_logit: FloatTensor[D], the two largest processed target logits (z1 at
+        the target's top token, the first index of the row maximum, as ``torch.argmax``).
     margin: FloatTensor[D], the MARS statistic z2 / z1 (inf or nan where z1 == 0).
+    triggered: BoolTensor[D] for a verifier with a relaxation trigger (``has_trigger``):
+        whether the rule's trigger fired on the row judging each depth, as that verifier
+        decides it; None for a verifier without one.
     """
 
     reasons: torch.Tensor
     top1_logit: torch.Tensor
     top2_logit: torch.Tensor
     margin: torch.Tensor
+    triggered: torch.Tensor | None = None
 
     @property
     def relaxed_count(self) -> int:
         return int((self.reasons == Reason.RELAXED).sum())
+
+    @property
+    def triggered_count(self) -> int | None:
+        """Visited depths where the trigger fired; None for a verifier without a trigger."""
+        return None if self.triggered is None else int(self.triggered.sum())
 
 
 @dataclass(frozen=True)
@@ -107,28 +129,77 @@ class Verdict:
         return int(self.accepted.shape[0])
 
 
+@dataclass(frozen=True)
+class NoParams:
+    """The settings of a verifier that has none (``exact``, ``rejection``)."""
+
+
+def check_theta(theta: object) -> float | None:
+    """theta must be None (relaxation off) or a number in (0, 1]; returns it as a float."""
+    if theta is None:
+        return None
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= 1:
+        raise ValueError(f"theta={theta!r} is invalid: allowed is a number in (0, 1], or None to turn relaxation off")
+    return float(theta)
+
+
+def check_unit_interval(option: str, value: object) -> float:
+    """``value`` must be a number in (0, 1]; returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{option}={value!r} is invalid: allowed is a number in (0, 1]")
+    return float(value)
+
+
+def check_choice(option: str, value: object, allowed: tuple[str, ...]) -> str:
+    """``value`` must be one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{option}={value!r} is invalid: allowed are {', '.join(allowed)}")
+    return str(value)
+
+
 class Verifier:
-    """Base class: subclasses set ``name`` and ``lossless`` and implement ``verify``."""
+    """Base class: subclasses implement ``verify``, set ``lossless`` (and ``has_trigger`` when
+    their rule has a relaxation trigger), and are registered with their settings class.
+
+    params: the verifier's settings, an instance of the dataclass it was registered with.
+    """
 
     name: ClassVar[str]
     lossless: ClassVar[bool]
+    has_trigger: ClassVar[bool] = False
+    params_type: ClassVar[type] = NoParams
+
+    def __init__(self, params: Any = None) -> None:
+        if params is None:
+            params = self.params_type()
+        if not isinstance(params, self.params_type):
+            raise TypeError(f"verifier {self.name} takes {self.params_type.__name__}, got {type(params).__name__}")
+        self.params = params
 
     def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
         raise NotImplementedError
 
     def describe(self) -> dict[str, object]:
-        """The verifier's settings, for records and manifests."""
-        return {"name": self.name}
+        """The verifier's name and settings, for records and manifests."""
+        return {"name": self.name, **dataclasses.asdict(self.params)}
 
 
-_REGISTRY: dict[str, Callable[..., Verifier]] = {}
+_REGISTRY: dict[str, type[Verifier]] = {}
+V = TypeVar("V", bound=type[Verifier])
 
 
-def register_verifier(name: str) -> Callable[[type[Verifier]], type[Verifier]]:
-    """Class decorator: make a verifier available to ``get_verifier(name)``."""
+def register_verifier(name: str, params: type = NoParams) -> Callable[[V], V]:
+    """Class decorator: make a verifier available to ``get_verifier(name, **settings)``.
 
-    def wrap(cls: type[Verifier]) -> type[Verifier]:
+    params: a frozen dataclass whose fields are the verifier's settings (with defaults) and
+    whose ``__post_init__`` validates them.
+    """
+    if not dataclasses.is_dataclass(params) or not params.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(f"params of verifier {name} must be a frozen dataclass, got {params!r}")
+
+    def wrap(cls: V) -> V:
         cls.name = name
+        cls.params_type = params
         _REGISTRY[name] = cls
         return cls
 
@@ -139,8 +210,25 @@ def available_verifiers() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_verifier(name: str, **params: object) -> Verifier:
-    """Build the verifier registered as ``name`` with its settings."""
+def _verifier_class(name: str) -> type[Verifier]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown verifier {name!r}: allowed are {', '.join(available_verifiers())}")
-    return _REGISTRY[name](**params)
+    return _REGISTRY[name]
+
+
+def verifier_settings(name: str) -> type:
+    """The settings dataclass of the verifier registered as ``name`` (its fields are the allowed keys)."""
+    return _verifier_class(name).params_type
+
+
+def get_verifier(name: str, **settings: object) -> Verifier:
+    """Build the verifier registered as ``name`` with its settings (unset ones take their defaults)."""
+    cls = _verifier_class(name)
+    allowed = [field.name for field in dataclasses.fields(cls.params_type)]
+    unknown = [key for key in settings if key not in allowed]
+    if unknown:
+        keys = ", ".join(repr(key) for key in unknown)
+        raise ValueError(
+            f"verifier {name} has no setting{'s' if len(unknown) > 1 else ''} {keys}: allowed are {', '.join(allowed) or 'none'}"
+        )
+    return cls(cls.params_type(**settings))

@@ -30,17 +30,12 @@ from mars_bench.verification.sampling import sample_rows
 
 @dataclass(frozen=True)
 class TopTwo:
-    """The two largest processed logits per row ([R] each); t2 == t1 when V == 1."""
+    """The two largest processed logits per row ([R] each); see ``top_two``."""
 
     z1: torch.Tensor
     t1: torch.Tensor
     z2: torch.Tensor
     t2: torch.Tensor
-
-    @property
-    def margin(self) -> torch.Tensor:
-        """The MARS statistic z2 / z1, as the paper defines it (no guard)."""
-        return self.z2 / self.z1
 
     def at(self, rows: torch.Tensor) -> TopTwo:
         return TopTwo(self.z1[rows], self.t1[rows], self.z2[rows], self.t2[rows])
@@ -156,12 +151,18 @@ class Prepared:
 
 
 def top_two(processed: torch.Tensor) -> TopTwo:
-    """Top-2 of processed logits [R, V]."""
-    if processed.shape[-1] < 2:
-        z1, t1 = processed.max(dim=-1)
-        return TopTwo(z1, t1, torch.full_like(z1, float("-inf")), t1)
-    values, indices = torch.topk(processed, 2, dim=-1)
-    return TopTwo(values[:, 0], indices[:, 0], values[:, 1], indices[:, 1])
+    """Top-2 of processed logits [R, V]: the one definition of the target's top token.
+
+    t1 is the first index of the row maximum, ``torch.argmax``'s choice, which greedy
+    decoding without drafts also emits; t2 is the first index of the maximum over the rest
+    of the row (t2 == t1, z2 == -inf when V == 1). ``torch.topk`` orders ties arbitrarily, so
+    with it a greedy verifier could reject a draft equal to the argmax and then emit it.
+    """
+    t1 = processed.argmax(dim=-1)
+    z1 = gather_at(processed, t1)
+    rest = processed.scatter(-1, t1[:, None], float("-inf"))
+    t2 = rest.argmax(dim=-1)
+    return TopTwo(z1, t1, gather_at(rest, t2), t2)
 
 
 def gather_at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -279,13 +280,16 @@ def finish(
     candidates: Candidates,
     prep: Prepared,
     preferred: torch.Tensor | None = None,
+    row_trigger: torch.Tensor | None = None,
 ) -> Verdict:
     """Walk the tree, emit the stop row's candidate, and report the decisions, with one host transfer.
 
     accepted: BoolTensor[N], whether each node is accepted if reached; reasons: LongTensor[N]
     (the reason if reached); candidates: the token to emit per stop row (LongTensor[N+1]),
     or ``RowDraws`` to sample it from;
-    preferred: BoolTensor[N] or None, nodes taken before their other accepted siblings.
+    preferred: BoolTensor[N] or None, nodes taken before their other accepted siblings;
+    row_trigger: BoolTensor[N+1] or None, where the verifier's relaxation trigger fires per
+    row (reported as ``Decisions.triggered`` at the visited depths; None: no trigger).
     Raises ValueError, after the transfer, if an input check failed.
     """
     layout, n = prep.layout, accepted.shape[0]
@@ -294,33 +298,30 @@ def finish(
     accepted_len = on_path.sum().reshape(1)
     deepest = torch.where(on_path, layout.depth_tensor, -1).argmax().reshape(1) if n else accepted_len
     stop_row = torch.where(accepted_len > 0, deepest + 1, 0)
-    packed = torch.cat(
-        [
-            (candidates.at(stop_row) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_row)).double(),
-            on_path.double(),
-            reasons.double(),
-            prep.rows.z1.double(),
-            prep.rows.z2.double(),
-            prep.problems.double(),
-        ]
-    ).cpu()
-    failed = [problem for problem, flag in zip(PROBLEMS, packed[3 + 4 * n :].tolist()) if flag]
+    emitted = candidates.at(stop_row) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_row)
+    parts = [emitted, on_path, reasons, prep.rows.z1, prep.rows.z2, prep.problems]
+    if row_trigger is not None:
+        parts.append(row_trigger)
+    packed = torch.cat([part.double() for part in parts]).cpu()
+    emitted, on_path, reasons, z1, z2, problems, *trigger = packed.split([part.numel() for part in parts])
+    failed = [problem for problem, flag in zip(PROBLEMS, problems.tolist()) if flag]
     if failed:
         raise ValueError("invalid verifier input: " + "; ".join(failed))
-    next_token = int(packed[0])
-    path = sorted(torch.nonzero(packed[1 : 1 + n]).flatten().tolist(), key=lambda node: layout.depths[node])
+    next_token = int(emitted[0])
+    path = sorted(torch.nonzero(on_path).flatten().tolist(), key=lambda node: layout.depths[node])
     stop = path[-1] + 1 if path else 0
     visited_nodes = path + ([-1] if layout.has_children[stop] else [])  # -1: the rejected depth
-    node_reasons = packed[1 + n : 1 + 2 * n]
     visited_rows = [0] + [node + 1 for node in path]
     rows = torch.tensor(visited_rows[: len(visited_nodes)], dtype=torch.long)
-    z1 = packed[1 + 2 * n : 2 + 3 * n].float()[rows]
-    z2 = packed[2 + 3 * n : 3 + 4 * n].float()[rows]
+    top1, top2 = z1.float()[rows], z2.float()[rows]
     decisions = Decisions(
-        reasons=torch.tensor([int(node_reasons[node]) if node >= 0 else int(Reason.REJECTED) for node in visited_nodes]),
-        top1_logit=z1,
-        top2_logit=z2,
-        margin=z2 / z1,
+        reasons=torch.tensor(
+            [int(reasons[node]) if node >= 0 else int(Reason.REJECTED) for node in visited_nodes], dtype=torch.long
+        ),
+        top1_logit=top1,
+        top2_logit=top2,
+        margin=top2 / top1,
+        triggered=trigger[0][rows].bool() if trigger else None,
     )
     return Verdict(accepted=torch.tensor(path, dtype=torch.long), next_token=next_token, decisions=decisions)
 

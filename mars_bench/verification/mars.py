@@ -1,12 +1,13 @@
 """MARS margin-aware verification (arXiv 2601.15498), the paper's rule with explicit choices.
 
 At a drafted position let z1 >= z2 be the two largest *processed* target logits (after
-temperature, top-k and top-p, as the paper's code measures them), with tokens t1, t2.
+temperature, top-k and top-p, as the paper's code measures them), with tokens t1, t2 (t1
+the first index of the maximum, as ``torch.argmax``; see ``kernels.top_two``).
 Relaxation triggers when the ratio z2 / z1 exceeds ``theta`` (a test of the logit gap
 relative to the top logit: z1 - z2 < (1 - theta) * z1 when z1 > 0). Because a temperature
 divides every logit, the trigger does not depend on the temperature.
 
-Greedy: accept t1; accept t2 when triggered; otherwise reject and emit the target argmax.
+Greedy: accept t1; accept t2 when triggered; otherwise reject and emit t1.
 Sampling: when triggered, accept a draft in {t1, t2} outright; otherwise apply the strict
 rejection-sampling test min(1, p/q). After a reject at an untriggered position emit a
 sample from the residual norm(max(0, p - q)), as the strict rule does; after a reject at a
@@ -26,9 +27,12 @@ Not lossless.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
+from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_choice, check_theta, register_verifier
 from mars_bench.verification.kernels import Prepared, RowDraws, finish, strict_rejection
 from mars_bench.verification.sampling import probabilities
 from mars_bench.verification.strict import TreeVerifier
@@ -37,19 +41,24 @@ GUARDS = ("never", "gap")
 CORRECTIONS = ("residual", "target")
 
 
-def check_theta(theta: float | None) -> float | None:
-    """theta must be None (relaxation off) or a number in (0, 1]."""
-    if theta is None:
-        return None
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= 1:
-        raise ValueError(f"theta={theta!r} is invalid: allowed is a number in (0, 1], or None to turn relaxation off")
-    return float(theta)
+@dataclass(frozen=True)
+class MarsParams:
+    """Settings of ``mars``.
 
+    theta: the ratio threshold in (0, 1]; None turns relaxation off.
+    guard: what happens where z1 <= 0: ``never`` relax, or use the ``gap`` form.
+    correction: what a reject at a triggered position emits: a sample from the ``residual``
+        or from the ``target`` distribution p.
+    """
 
-def check_choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{option}={value!r} is invalid: allowed are {', '.join(allowed)}")
-    return value
+    theta: float | None = 0.9
+    guard: str = "never"
+    correction: str = "residual"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "theta", check_theta(self.theta))
+        check_choice("guard", self.guard, GUARDS)
+        check_choice("correction", self.correction, CORRECTIONS)
 
 
 def margin_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None, guard: str) -> torch.Tensor:
@@ -61,42 +70,39 @@ def margin_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None, guar
     return (z1 > 0) & (z2 > theta * z1)
 
 
-@register_verifier("mars")
+@register_verifier("mars", params=MarsParams)
 class MarsVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
+    has_trigger: ClassVar[bool] = True
+    params: MarsParams
 
-    def __init__(self, theta: float | None = 0.9, guard: str = "never", correction: str = "residual") -> None:
-        self.theta = check_theta(theta)
-        self.guard = check_choice("guard", guard, GUARDS)
-        self.correction = check_choice("correction", correction, CORRECTIONS)
-
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "theta": self.theta, "guard": self.guard, "correction": self.correction}
+    def row_trigger(self, prep: Prepared) -> torch.Tensor:
+        """BoolTensor[N+1]: where the margin rule relaxes, per row."""
+        return margin_trigger(prep.rows.z1, prep.rows.z2, self.params.theta, self.params.guard)
 
     def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
         top, drafts = prep.nodes, step.draft_tokens
-        trigger = margin_trigger(top.z1, top.z2, self.theta, self.guard)
+        row_trigger = self.row_trigger(prep)
         is_top1, is_top2 = drafts == top.t1, (drafts == top.t2) & (top.t2 != top.t1)
-        relaxed = trigger & is_top2
+        relaxed = prep.parent_rows(row_trigger) & is_top2
         accepted = is_top1 | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return finish(accepted, reasons, torch.argmax(prep.processed, dim=-1), prep, preferred=is_top1)
+        return finish(accepted, reasons, prep.rows.t1, prep, preferred=is_top1, row_trigger=row_trigger)
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         top, drafts = prep.nodes, step.draft_tokens
-        trigger = margin_trigger(top.z1, top.z2, self.theta, self.guard)
+        row_trigger = self.row_trigger(prep)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
         probs = probabilities(prep.processed, step.sampling)
         strict = strict_rejection(probs, drafts, step.draft_dists, prep.layout, generator)
-        relaxed = trigger & in_top2 & ~strict.accepted
+        relaxed = prep.parent_rows(row_trigger) & in_top2 & ~strict.accepted
         accepted = strict.accepted | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(strict.accepted, int(Reason.SAMPLED), torch.where(relaxed, int(Reason.RELAXED), rejected))
         candidates = strict.candidates
-        if self.correction == "target" and self.theta is not None:
+        if self.params.correction == "target" and self.params.theta is not None:
             # A row with no children has the residual p anyway, so its bonus is unchanged.
-            row_trigger = margin_trigger(prep.rows.z1, prep.rows.z2, self.theta, self.guard)
             candidates = RowDraws(torch.where(row_trigger[:, None], probs, candidates.weights), generator)
-        return finish(accepted, reasons, candidates, prep)
+        return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)

@@ -1,52 +1,76 @@
 """``mars_ref``: the official MARS code's sampling branch, reproduced for chains and trees.
 
 Follows ``evaluate_posterior`` in the official repository (see reference/mars.md 1.3b):
-the trigger is the raw ratio z2 / (z1 + 1e-10) > theta with no guard; a triggered
-position accepts a draft in the top-2 set {t1, t2} deterministically and otherwise rejects
-with no randomness and no change to p, the next token then being sampled from the
-unmodified p. An untriggered position uses the drafter's q (``draft_probs``; q = 1 when the
-drafter gives none, as upstream EAGLE does): accept when U <= min(1, p(x) / max(q, 1e-10)),
-otherwise subtract q from that one coordinate of p, renormalise and sample the next token
-from it. After a fully accepted chain the bonus is sampled from p. In greedy mode the
-official code does plain exact matching, and so does this verifier.
+the trigger is the raw ratio z2 / (z1 + 1e-10) > theta with no guard, computed in float64
+as the official code divides Python floats; a triggered position accepts a draft in the
+top-2 set {t1, t2} deterministically and otherwise rejects with no randomness and no change
+to p, the next token then being sampled from the unmodified p. An untriggered position uses
+the drafter's q (``draft_probs``; q = 1 when the drafter gives none, as upstream EAGLE
+does): accept when U <= min(1, p(x) / max(q, 1e-10)), otherwise subtract q from that one
+coordinate of p, renormalise and sample the next token from it. After a fully accepted
+chain the bonus is sampled from p. In greedy mode the official code does plain exact
+matching, and so does this verifier (its trigger is then reported as firing nowhere).
 
 Trees follow the official walk: the trigger is decided once per row, children are tried in
 draft order (a triggered row takes the first child in {t1, t2}, even a t2 drafted before
 t1), and each strict rejection lowers p at that child's token before the next sibling is
 tried.
 
+Logits processing: where both top-k and top-p are set, the official code's
+``prepare_logits_processor`` applies top-p, then top-k; every other verifier (and the
+drafters) apply top-k, then top-p, transformers' order, which can keep fewer tokens
+(``sampling.process_logits``). This verifier follows the official order, for its trigger,
+its p and its emitted tokens alike.
+
 It exists so that the margin effect and the change of q can be measured apart. Not lossless.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
+from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_theta, register_verifier
 from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, sibling_normalisers
-from mars_bench.verification.mars import check_theta
-from mars_bench.verification.sampling import probabilities
+from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits
 from mars_bench.verification.strict import TreeVerifier
 
 
-@register_verifier("mars_ref")
+@dataclass(frozen=True)
+class MarsRefParams:
+    """Settings of ``mars_ref``. theta: the ratio threshold in (0, 1]; None turns relaxation off."""
+
+    theta: float | None = 0.9
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "theta", check_theta(self.theta))
+
+
+def reference_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None) -> torch.Tensor:
+    """BoolTensor[R]: the official trigger z2 / (z1 + 1e-10) > theta, from the top-1 and
+    runner-up logits [R], in float64 as the official code's Python floats (no guard)."""
+    if theta is None:
+        return torch.zeros_like(z1, dtype=torch.bool)
+    return (z2.double() / (z1.double() + 1e-10)) > theta
+
+
+@register_verifier("mars_ref", params=MarsRefParams)
 class MarsReferenceVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
+    has_trigger: ClassVar[bool] = True
+    params: MarsRefParams
 
-    def __init__(self, theta: float | None = 0.9) -> None:
-        self.theta = check_theta(theta)
-
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "theta": self.theta}
+    def process(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """Processed float32 logits [..., V]: top-p, then top-k, as the official code."""
+        return process_logits(logits, sampling, order="top_p_first")
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         top, drafts, layout = prep.nodes, step.draft_tokens, prep.layout
         probs = probabilities(prep.processed, step.sampling)
-        if self.theta is None:
-            row_trigger = torch.zeros_like(prep.rows.z1, dtype=torch.bool)
-        else:
-            row_trigger = (prep.rows.z2 / (prep.rows.z1 + 1e-10)) > self.theta
+        row_trigger = reference_trigger(prep.rows.z1, prep.rows.z2, self.params.theta)
         trigger = prep.parent_rows(row_trigger)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
         q = torch.ones_like(drafts, dtype=probs.dtype) if step.draft_probs is None else step.draft_probs.float()
@@ -64,4 +88,5 @@ class MarsReferenceVerifier(TreeVerifier):
         )
         adjusted = probs.index_put((layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
         adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs)
-        return finish(accepted, reasons, RowDraws(torch.where(row_trigger[:, None], probs, adjusted), generator), prep)
+        candidates = RowDraws(torch.where(row_trigger[:, None], probs, adjusted), generator)
+        return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)

@@ -1,16 +1,18 @@
 """Sampling settings and the one logits processor every verifier and drafter shares.
 
-``process_logits`` applies top-k and top-p (filtered entries become ``-inf``) and keeps the
-logits otherwise unscaled; ``probabilities`` applies the temperature. Ratios and signs of
-logits, which is all the MARS margin and its guards look at, do not depend on a positive
-temperature, and keeping the scaling inside a max-shifted softmax keeps extreme
-temperatures (1e-30, 1e30) finite. At temperature 0 decoding is greedy (argmax).
+``process_logits`` applies top-k, then top-p (filtered entries become ``-inf``; ``mars_ref``
+alone asks for the official MARS code's order, top-p first) and keeps the logits otherwise
+unscaled; ``probabilities`` applies the temperature. Ratios and signs of logits, which is
+all the MARS margin and its guards look at, do not depend on a positive temperature, and
+keeping the scaling inside a max-shifted softmax keeps extreme temperatures (1e-30, 1e30)
+finite. At temperature 0 decoding is greedy (argmax).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -51,23 +53,47 @@ def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return shifted if temperature == 1 else shifted.div_(temperature)
 
 
-def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Float32 logits [..., V] with top-k, then top-p (on the tempered distribution) filtered to -inf."""
+FilterOrder = Literal["top_k_first", "top_p_first"]
+FILTER_ORDERS: tuple[FilterOrder, ...] = ("top_k_first", "top_p_first")
+
+
+def top_k_filter(z: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Logits [..., V] with every entry below the k-th largest set to -inf (ties at the k-th kept)."""
+    if not 0 < top_k < z.shape[-1]:
+        return z
+    kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+    return z.masked_fill(z < kth, float("-inf"))
+
+
+def top_p_filter(z: torch.Tensor, top_p: float, temperature: float) -> torch.Tensor:
+    """Logits [..., V] with the entries outside the nucleus of mass ``top_p`` of
+    softmax(z / temperature) set to -inf (the top entry is always kept)."""
+    if top_p >= 1.0:
+        return z
+    sorted_z, order = torch.sort(z, dim=-1, descending=True)
+    sorted_p = torch.softmax(scaled(sorted_z, temperature), dim=-1)
+    mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return z.masked_fill(drop, float("-inf"))
+
+
+def process_logits(logits: torch.Tensor, sampling: SamplingParams, order: FilterOrder = "top_k_first") -> torch.Tensor:
+    """Float32 logits [..., V] with top-k and top-p (on the tempered distribution) filtered to -inf.
+
+    order: ``top_k_first`` (transformers' order, used everywhere by default) or
+    ``top_p_first`` (the official MARS / EAGLE code's ``prepare_logits_processor``). Top-p
+    after top-k measures the nucleus on the renormalised top-k distribution, so it keeps a
+    subset of what top-p first keeps; they differ only when both filters are on.
+    """
+    if order not in FILTER_ORDERS:
+        raise ValueError(f"order={order!r} is invalid: allowed are {', '.join(FILTER_ORDERS)}")
     z = logits.float()
     if sampling.greedy:
         return z
-    vocab = z.shape[-1]
-    if 0 < sampling.top_k < vocab:
-        kth = torch.topk(z, sampling.top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        sorted_p = torch.softmax(scaled(sorted_z, sampling.temperature), dim=-1)
-        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        drop_sorted = mass_before >= sampling.top_p  # always keeps the top token
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        z = z.masked_fill(drop, float("-inf"))
-    return z
+    if order == "top_k_first":
+        return top_p_filter(top_k_filter(z, sampling.top_k), sampling.top_p, sampling.temperature)
+    return top_k_filter(top_p_filter(z, sampling.top_p, sampling.temperature), sampling.top_k)
 
 
 def probabilities(processed: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from mars_bench.verification.base import Reason, Verdict, Verifier, VerifyInput, register_verifier
 from mars_bench.verification.kernels import Prepared, finish, input_problems, reasons_from, strict_rejection, top_two, tree_layout
-from mars_bench.verification.sampling import probabilities, process_logits, sample_rows
+from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
 
 class TreeVerifier(Verifier):
@@ -16,8 +16,13 @@ class TreeVerifier(Verifier):
 
     Subclasses implement ``sampled``; ``greedy`` defaults to exact matching, which is what
     every shipped rule except ``mars`` does at temperature 0. Both see chains and trees
-    alike (see ``kernels.py``).
+    alike (see ``kernels.py``). ``process`` is the logits processing the verifier applies
+    (a subclass reproducing other code may choose another).
     """
+
+    def process(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """Processed float32 logits [..., V] from raw ``logits`` [..., V]: top-k, then top-p."""
+        return process_logits(logits, sampling)
 
     def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
         step.check()
@@ -29,7 +34,7 @@ class TreeVerifier(Verifier):
         problems = input_problems(step, layout)
         # Out-of-range drafts are reported by ``finish``; clamping keeps the gathers before it valid.
         step = replace(step, draft_tokens=step.draft_tokens.clamp(0, step.target_logits.shape[-1] - 1))
-        processed = process_logits(step.target_logits, step.sampling)  # [N+1, V]
+        processed = self.process(step.target_logits, step.sampling)  # [N+1, V]
         rows = top_two(processed)
         prep = Prepared(processed, rows, rows.at(layout.parent_rows), layout, problems)
         if step.sampling.greedy:
@@ -37,10 +42,12 @@ class TreeVerifier(Verifier):
         return self.sampled(step, prep, generator)
 
     def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
-        """Keep drafts equal to the argmax, emit the argmax after them."""
-        choices = torch.argmax(prep.processed, dim=-1)
-        accepted = step.draft_tokens == prep.parent_rows(choices)
-        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
+        """Keep drafts equal to the target's top token, emit the top token after them (no relaxation,
+        so a verifier with a trigger reports it fired nowhere)."""
+        choices = prep.rows.t1
+        accepted = step.draft_tokens == prep.nodes.t1
+        no_trigger = torch.zeros_like(choices, dtype=torch.bool) if self.has_trigger else None
+        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep, row_trigger=no_trigger)
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         raise NotImplementedError

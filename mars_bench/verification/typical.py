@@ -7,33 +7,39 @@ Not lossless.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from mars_bench.verification.base import Reason, Verdict, VerifyInput, register_verifier
+from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_unit_interval, register_verifier
 from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, reasons_from
 from mars_bench.verification.sampling import probabilities
 from mars_bench.verification.strict import TreeVerifier
 
 
-@register_verifier("typical")
+@dataclass(frozen=True)
+class TypicalParams:
+    """Settings of ``typical``: epsilon (the probability cap) and delta (the entropy factor), each in (0, 1]."""
+
+    epsilon: float = 0.09
+    delta: float = 0.3
+
+    def __post_init__(self) -> None:
+        for option in ("epsilon", "delta"):
+            object.__setattr__(self, option, check_unit_interval(option, getattr(self, option)))
+
+
+@register_verifier("typical", params=TypicalParams)
 class TypicalVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
-
-    def __init__(self, epsilon: float = 0.09, delta: float = 0.3) -> None:
-        for option, value in (("epsilon", epsilon), ("delta", delta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ValueError(f"{option}={value!r} is invalid: allowed is a number in (0, 1]")
-        self.epsilon, self.delta = float(epsilon), float(delta)
-
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "epsilon": self.epsilon, "delta": self.delta}
+    params: TypicalParams
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         top, drafts = prep.nodes, step.draft_tokens
         probs = probabilities(prep.processed, step.sampling)
         entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)
-        threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
+        threshold = torch.minimum(torch.full_like(entropy, self.params.epsilon), self.params.delta * torch.exp(-entropy))
         accepted = at_nodes(probs, drafts, prep.layout) > prep.parent_rows(threshold)
         accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
         return finish(accepted, reasons_from(accepted, accept_reason), RowDraws(probs, generator), prep)

@@ -1,0 +1,264 @@
+"""Every command the README shows runs, as a user types it, in the order a user runs them.
+
+The commands are read from the README's own code blocks, so a README command that breaks fails
+here. Each runs through its real entry point (``python -m X`` is ``runpy`` on X with the same
+argv; ``mars-bench-lm-eval`` is the console script's function), in one process so that the
+small model loads once. What differs from the user's command is only the model (SmolLM2-135M,
+drafting for itself where the command uses a separate draft model), the prompt count and the
+token budget, appended as overrides; commands for 8B-235B targets are composed and checked,
+not run. The first Quick start command's last step is the README's main command, run here;
+the second is the command CI runs (checked below).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA, python_m
+from hydra import compose, initialize_config_dir
+
+from mars_bench.bench.records import read_rows
+from mars_bench.config import check_run_config
+from mars_bench.paths import CONF_DIR
+from mars_bench.perf.__main__ import parse as perf_options
+from mars_bench.perf.suite import COMPARISONS
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMALL = ["task.num_prompts=2", "max_new_tokens=8", "warmup=0", "progress=false"]
+SMALL_MODEL = ["model=smollm2-135m", f"model.draft_model={SMOLLM}"]
+LARGE = re.compile(r"model=(llama|qwen3|vicuna)|drafter=eagle3|experiment=table1")
+
+pytestmark = pytest.mark.slow
+
+
+def readme_commands() -> list[str]:
+    """The shell commands in the README's shell code blocks: continuation lines joined, comments cut."""
+    commands, block, pending = [], None, ""
+    for line in README.splitlines():
+        if line.startswith("```"):
+            block = None if block is not None else line[3:].strip()
+            continue
+        if block != "":  # outside a block, or a block in another language (python)
+            continue
+        pending += line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        command = re.sub(r"\s+#.*$", "", pending).strip()
+        pending = ""
+        if re.match(r"(python3? |mars-bench|[A-Z_]+=)", command):  # not a folder listing or other text
+            commands.append(command)
+    return commands
+
+
+def readme(prefix: str) -> str:
+    """The one README command that starts with ``prefix`` (the README is the source of the text run)."""
+    found = [command for command in readme_commands() if command.startswith(prefix)]
+    assert len(found) == 1, f"the README shows {len(found)} commands starting with {prefix!r}"
+    return found[0]
+
+
+def run(command: str, cwd: Path, monkeypatch, extra: list[str] = (), replace: dict[str, str] | None = None) -> int:
+    """Run a README command through its entry point in this process; its exit status."""
+    for placeholder, value in (replace or {}).items():
+        command = command.replace(placeholder, value)
+    words = shlex.split(command)
+    while "=" in words[0]:  # VAR=value prefixes
+        name, _, value = words.pop(0).partition("=")
+        monkeypatch.setenv(name, value)
+    if words[0] == "mars-bench-lm-eval":  # the console script is this function
+        from mars_bench.lm_eval_model import cli
+
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", [*words, *extra])
+        try:
+            cli()
+        except SystemExit as exit_:
+            return exit_.code or 0
+        return 0
+    assert words[:2] == ["python", "-m"], command
+    if words[2] == "analysis":
+        monkeypatch.syspath_prepend(str(REPO))  # `python -m analysis` runs in the repository, from its folder
+    result = python_m(words[2], *words[3:], *extra, cwd=cwd)
+    print(result.stdout, result.stderr, sep="\n")  # shown when a test fails
+    return result.returncode
+
+
+def app_overrides(command: str) -> list[str]:
+    """The small model (unless the command's experiment picks it) and the small budget."""
+    return ([] if "experiment=smoke" in command else SMALL_MODEL) + SMALL
+
+
+def index_entries(report: Path) -> tuple[set[str], set[str]]:
+    """(files the analysis made, what it skipped), from its index.md."""
+    made, skipped = set(), set()
+    for line in (report / "index.md").read_text().splitlines():
+        made |= set(re.findall(r"\]\(([^)]+)\)", line))
+        if ": skipped," in line:
+            skipped.add(line[2 : line.index(": skipped,")])
+    return made, skipped
+
+
+MAIN = "python -m mars_bench"  # the embedded default: the README shows it alone
+
+
+def test_run_then_analyse_then_rescore(tmp_path, monkeypatch):
+    assert MAIN in readme_commands()
+    assert run(MAIN, tmp_path, monkeypatch, app_overrides(MAIN)) == 0
+    records = next((tmp_path / "runs").rglob("records.jsonl"))
+    assert len(list(read_rows(records))) == 4  # 2 prompts x (baseline, mars)
+
+    assert run(readme("python -m analysis runs"), tmp_path, monkeypatch) == 0
+    report = tmp_path / readme("python -m analysis runs").split("--out ")[1]
+    made, skipped = index_entries(report)
+    assert {"records.parquet", "settings.md", "table1.md", "table1.tex", "quality.md", "pareto.png", "alpha_per_depth.png",
+            "margin_histograms.png", "acceptance_by_margin.png"} <= made  # fmt: skip
+    assert skipped == {"threshold ablation", "shadow"}  # one theta; no shadow verifiers ran
+    assert "/tmp" not in (report / "index.md").read_text()  # it names no folder of this machine
+
+    assert run(readme("python -m mars_bench.bench.rescore"), tmp_path, monkeypatch) == 0
+    assert all(row["score"] is not None for row in read_rows(records))
+
+
+def test_the_smoke_command(smoke_run):
+    assert readme("python -m mars_bench experiment=smoke") == "python -m mars_bench experiment=smoke"
+    result, out = smoke_run  # run once for the session with 2 prompts, 12 new tokens (conftest.SMOKE)
+    assert result.returncode == 0, result.stderr
+    rows = list(read_rows(out / "records.jsonl"))
+    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "python -m mars_bench verifier=rejection",
+        "python -m mars_bench temperature=0 verifier=exact drafter=lookup",
+        "python -m mars_bench drafter=model_tree",
+    ],
+)
+def test_each_single_run_command(prefix, tmp_path, monkeypatch):
+    command = readme(prefix)
+    assert run(command, tmp_path, monkeypatch, app_overrides(command)) == 0
+    rows = list(read_rows(next((tmp_path / "runs").rglob("records.jsonl"))))
+    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+
+
+def test_a_threshold_sweep_then_its_analysis(tmp_path, monkeypatch):
+    sweep = readme("python -m mars_bench -m verifier=mars")
+    assert run(sweep, tmp_path, monkeypatch, [*app_overrides(sweep), "task.num_prompts=1"]) == 0
+    cells = sorted(path.parent for path in (tmp_path / "SWEEP").rglob("records.jsonl"))  # the README's hydra.sweep.dir
+    thetas = (0.84, 0.88, 0.9, 0.94, 0.98)
+    assert [cell.name for cell in cells] == [f"{i}_humaneval_mars_theta{theta}_t1.0" for i, theta in enumerate(thetas)]
+    for cell, theta in zip(cells, thetas):
+        rows = list(read_rows(cell / "records.jsonl"))
+        assert sorted(r["method"] for r in rows) == ["baseline", "mars"] and {r["theta"] for r in rows} == {theta}
+    analyse = readme("python -m analysis SWEEP")
+    assert run(analyse, tmp_path, monkeypatch) == 0
+    made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
+    assert {"settings.md", "table1.md", "threshold_ablation.png", "pareto.png", "quality.md"} <= made
+    assert skipped == {"shadow"}
+
+
+def test_the_papers_threshold_ablation_then_its_analysis(tmp_path, monkeypatch):
+    strict = readme("python -m mars_bench -m experiment=threshold_ablation verifier=rejection")
+    sweep = readme("python -m mars_bench -m experiment=threshold_ablation hydra.sweep.dir=DIR")
+    for command in (strict, sweep):
+        assert run(command, tmp_path, monkeypatch, [*app_overrides(command), "task.num_prompts=1"]) == 0
+    cells = sorted(path.parent for path in (tmp_path / "DIR").rglob("records.jsonl") if path.parent.name != "baselines")
+    assert len(cells) == 2 + 10  # strict x 2 tasks, then 5 thetas x 2 tasks
+    baselines = {}
+    for cell in cells:
+        rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
+        method = rows["rejection" if "rejection" in cell.name else "mars"]
+        theta = method["theta"] or 0.9  # shadows take the cell's verifier.theta (0.9 in the strict command)
+        assert list(method["shadow_accepted"]) == ["rejection", f"mars(theta={theta},guard=never,correction=residual)"]
+        assert all(len(kept) == len(method["step_accepted"]) for kept in method["shadow_accepted"].values())
+        baselines.setdefault(rows["baseline"]["task"], []).append(rows["baseline"])
+    for task, rows in baselines.items():  # each task's baseline decoded once, by the first cell, then copied
+        assert [row["baseline_from"] is None for row in rows].count(True) == 1, task
+        assert len({(tuple(row["output_ids"]), row["decode_s"]) for row in rows}) == 1, task
+    analyse = readme("python -m analysis DIR --out")
+    assert run(analyse, tmp_path, monkeypatch) == 0
+    made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
+    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and not skipped
+
+
+@pytest.mark.parametrize("prefix", ["python -m mars_bench -m experiment=table1", "python -m mars_bench model=llama3.1-8b",
+                                    "python -m mars_bench model=qwen3-32b"])  # fmt: skip
+def test_large_target_commands_compose_and_pass_every_check(prefix):
+    words = shlex.split(readme(prefix))[3:]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=[word for word in words if word != "-m"])
+    check_run_config(cfg)
+    assert LARGE.search(readme(prefix))
+
+
+def test_the_lm_eval_example_from_the_repository(monkeypatch, capsys):
+    command = readme("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 mars-bench-lm-eval")
+    assert "--limit 5" in command
+    assert run(command, REPO, monkeypatch, ["--gen_kwargs", "max_gen_toks=16"], {"--limit 5": "--limit 1"}) == 0
+    output = capsys.readouterr().out
+    assert "|gsm8k_local|" in output and "exact_match" in output
+
+
+def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(tmp_path, monkeypatch):
+    command = readme("python -m mars_bench.perf --repeats 2")
+    small = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--tasks", "gsm8k", "--num-prompts", "2",
+             "--max-new-tokens", "8", "--data-dir", str(SHARED_DATA)]  # fmt: skip
+    assert run(command, tmp_path, monkeypatch, small) == 0
+    out = tmp_path / "perf_out"
+    report = json.loads((out / "perf.json").read_text())
+    assert report["repeats_done"] == 2 and not list(out.glob("*.partial"))  # rewritten whole after each repeat
+    assert report["environment"]["packages"]["transformers"] and "commit" in report["environment"]["git"]
+    assert len(report["environment"]["source_sha256"]) == 64
+    assert list(report["results"]) == [c.name for c in COMPARISONS]
+    for row in report["results"].values():
+        assert len(row["ratios"]) == 2 and row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
+        assert row["prompt_ratio_min"] <= row["prompt_ratio_median"] <= row["prompt_ratio_max"]
+        assert 0 < row["outside_forwards_share"] < 1
+        assert row["runs"] == 4 and abs(sum(row["phase_share"].values()) - 1) < 1e-6
+    greedy = report["results"][COMPARISONS[0].name]
+    assert greedy["identical"] == 4  # our greedy AR decoding is generate's, token for token (SmolLM2, bf16)
+    assert report["assisted_generation"]["num_assistant_tokens"] == 20
+    assert set(report["analytic"]["speedup_over_our_baseline"]) == {c.name for c in COMPARISONS[1:]}
+    assert "| AR baseline vs generate (greedy) |" in (out / "perf.md").read_text()
+
+
+def test_the_default_perf_command_differs_only_in_its_repeats():
+    settings, out = perf_options(shlex.split(readme("python -m mars_bench.perf --out"))[3:])
+    two, _ = perf_options(shlex.split(readme("python -m mars_bench.perf --repeats 2"))[3:])
+    assert settings.repeats == 3 and settings == replace(two, repeats=3) and out == Path("perf_out")
+
+
+def test_every_readme_command_is_run_by_a_test_here():
+    """A new README command needs a journey above (the analysis's synopsis line is its usage, and the
+    Quick start lines are the main command and CI's)."""
+    source = Path(__file__).read_text()
+    literals = {prefix.rstrip() for prefix in re.findall(r'"((?:python -m |HF_HUB_OFFLINE)[^"]*)"', source)}
+    selectors = literals - {MAIN}
+    for command in readme_commands():
+        if "pip install" in command or "[DIR ...]" in command or command == MAIN:
+            continue
+        assert any(command == s or command.startswith(s + " ") for s in selectors), f"no test runs: {command}"
+
+
+def test_ci_runs_the_readme_test_command():
+    quick_start = [command for command in readme_commands() if "pip install" in command]
+    assert len(quick_start) == 2 and quick_start[0].endswith("&& python -m mars_bench")
+    assert quick_start[1] in (REPO / ".ci" / "run").read_text()
+
+
+def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_loads():
+    from mars_bench.lm_eval_model import MarsBenchLM
+
+    with pytest.raises(ValueError, match=r"^unknown model_args topk for drafter=model_tree, verifier=mars: "
+                                         r"their settings are correction, guard, theta, top_k, tree_tokens$"):  # fmt: skip
+        MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)
