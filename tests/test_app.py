@@ -1,6 +1,6 @@
 """The Hydra app: every config option composes; bad input fails at start with one clear line;
-a smoke run writes records, manifest, config and summary; a multirun gives one cell per value.
-(A killed run's resume: test_reliability.py.)"""
+a smoke run writes records, manifest, config and summary. (Sweeps: test_readme.py; a killed
+run's resume: test_reliability.py.)"""
 
 from __future__ import annotations
 
