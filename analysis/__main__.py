@@ -140,7 +140,7 @@ def portable_command(folders: list[str], out: Path) -> str:
     target = out.resolve()
     inside = next((run for run in runs if run == target or run in target.parents), None)
     out_name = (Path("RUNS", inside.name) / target.relative_to(inside)).as_posix() if inside else target.name
-    return f"python -m analysis {' '.join(named)} --out {out_name}"
+    return f"python -m {__package__ or 'analysis'} {' '.join(named)} --out {out_name}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
-from mars_bench.bench.records import RECORDS_FILE, read_rows
+from mars_bench.bench.records import MANIFEST_FILE, RECORDS_FILE, read_rows
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1}  # fmt: skip
@@ -26,7 +27,7 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
         for records in sorted(folder.rglob(RECORDS_FILE)):
             rows = list(read_rows(records))
             if rows:
-                frames.append(pd.DataFrame(rows).assign(run_dir=str(records.parent)))
+                frames.append(pd.DataFrame(rows).assign(run_dir=str(records.parent), manifest_setting=manifest_setting(records)))
     if not frames:
         raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}")
     frame = pd.concat(frames, ignore_index=True)
@@ -41,12 +42,26 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     return name_drafter_settings(upgrade_old_records(frame))
 
 
+def manifest_setting(records: Path) -> str | None:
+    """The verifier's settings as the run's manifest describes them (``theta=0.9,guard=never,...``), for
+    records older than ``verifier_setting``; None without a manifest."""
+    try:
+        methods = json.loads((records.parent / MANIFEST_FILE).read_text()).get("methods") or {}
+    except (OSError, ValueError):
+        return None
+    described = [m["verifier"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("verifier"), dict)]
+    if not described:
+        return None
+    return ",".join(f"{key}={value}" for key, value in described[0].items() if key != "name")
+
+
 def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
     """Read records of schema 3 and older as the current writer would have written them.
 
     Those writers counted the paper's trigger (theta 0.9, guard never) for every verifier; a row
-    without a theta ran a verifier without a trigger, so its count is dropped. They wrote no
-    ``verifier_setting``: theta and guard, where set, stand in for it.
+    without a theta ran a verifier without a trigger, so its count is dropped (a ``mars_ref`` row keeps
+    the paper's guarded count, the only one it has). They wrote no ``verifier_setting``: the run's
+    manifest gives it (the verifier's ``describe()``), else theta and guard, where set, stand in for it.
     """
     old = frame["schema_version"] < 4
     if not old.any():
@@ -58,8 +73,9 @@ def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
     if "verifier_setting" not in frame:
         frame["verifier_setting"] = None
     frame["verifier_setting"] = frame["verifier_setting"].astype(object)
-    frame.loc[old, "verifier_setting"] = pd.Series(fallback, index=frame.index)[old]
-    return frame
+    described = frame["manifest_setting"].where(frame["manifest_setting"].notna(), pd.Series(fallback, index=frame.index))
+    frame.loc[old, "verifier_setting"] = described[old]
+    return frame.drop(columns="manifest_setting")
 
 
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:

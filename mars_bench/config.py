@@ -231,19 +231,6 @@ def check_override_keys(overrides: list[str]) -> None:
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
 
 
-def check_plugin_keys(group: str, node: Any) -> None:
-    """Refuse a setting of another drafter changed from its default, e.g. ``drafter=lookup drafter.top_k=3``:
-    the drafter would silently ignore it. (Verifier nodes keep every verifier's settings on purpose:
-    shadow verifiers read them.)"""
-    common, union, _schemas = GROUP_SCHEMAS[group]
-    own = _own_keys(group, node.name) | {item.name for item in fields(common)}
-    for item in fields(union):
-        if item.name not in own and getattr(node, item.name) != item.default:
-            value = getattr(node, item.name)
-            raise ValueError(f"{group}.{item.name}={value} is not a setting of {group}={node.name}: "
-                             f"allowed are {allowed_keys(group, node.name)}")  # fmt: skip
-
-
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
@@ -252,7 +239,6 @@ def check_run_config(cfg: Any) -> None:
     shadow_verifiers(cfg)
     check_drafter_name(cfg.drafter.name)
     draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
-    check_plugin_keys("drafter", cfg.drafter)
     build_settings(cfg.drafter.name, **drafter_params(cfg.drafter))
     if is_tree_drafter(cfg.drafter.name):
         TreeShape(cfg.drafter.gamma, cfg.drafter.top_k, cfg.drafter.tree_tokens)

@@ -28,7 +28,8 @@ LM_EVAL_ARGS = {"batch_size", "device", "max_batch_size"}  # lm-eval passes thes
 
 @register_model("mars_bench")
 class MarsBenchLM(LM):
-    """target / draft_model: Hub ids or folders; drafter: model | layerskip | lookup | none; any
+    """target / draft_model: Hub ids or folders; drafter: model | model_tree | layerskip | lookup | none
+    (eagle3 needs a head, which this model does not take); any
     further ``model_args`` are the named drafter's and verifier's own settings (e.g. theta, layers)."""
 
     def __init__(

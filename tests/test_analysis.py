@@ -303,4 +303,17 @@ def test_the_index_gives_its_command_without_this_machines_folders(tmp_path):
     scored_sweep(tmp_path / "ablation")
     assert main([str(tmp_path / "ablation"), "--out", str(tmp_path / "ablation" / "analysis")]) == 0
     index = (tmp_path / "ablation" / "analysis" / "index.md").read_text()
-    assert "`python -m analysis RUNS/ablation --out RUNS/ablation/analysis`" in index and str(tmp_path) not in index
+    assert "`python -m mars_bench.analysis RUNS/ablation --out RUNS/ablation/analysis`" in index  # as installed
+    assert str(tmp_path) not in index
+
+
+def test_old_and_new_records_of_one_setting_pool_when_the_manifest_describes_the_verifier(tmp_path):
+    mars = {"name": "mars", "theta": 0.9, "guard": "never", "correction": "residual"}  # the old writer's describe()
+    described = {"methods": {"baseline": {"verifier": None}, "mars": {"verifier": mars}}}
+    write_run(tmp_path / "old", [record(0, "baseline", 10, 2.0, 9), record(0, "mars", 10, 1.0, 3)])  # schema 3: no setting
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(described))
+    new = [record(1, m, 10, 2.0 if m == "baseline" else 0.5, 9 if m == "baseline" else 3, schema_version=4,
+                  verifier_setting="theta=0.9,guard=never,correction=residual") for m in ("baseline", "mars")]  # fmt: skip
+    write_run(tmp_path / "new", new)
+    summary = method_summary(gather([tmp_path]))
+    assert len(summary) == 1 and summary.iloc[0]["prompts"] == 2 and summary.iloc[0]["label"] == "mars"

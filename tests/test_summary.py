@@ -54,3 +54,11 @@ def test_a_verifier_without_a_trigger_reports_no_trigger_rate():
 
 def test_no_rows_give_an_empty_summary_not_a_traceback():
     assert format_table(summarise([])) == "no finished rows to summarise"
+
+
+def test_a_method_is_summarised_over_all_its_rows_and_its_speedup_over_the_paired_ones():
+    rows = [ROWS[0], ROWS[1], {**ROWS[2], "status": "failed"}, ROWS[3]]  # the second baseline failed
+    summary = summarise(rows).set_index("method")
+    assert summary.loc["mars", "prompts"] == 2 and summary.loc["mars", "tokens"] == 150
+    assert summary.loc["mars", "tau"] == pytest.approx((99 + 49) / (33 + 7))
+    assert summary.loc["mars", "speedup"] == pytest.approx((100 / 5.0) / (100 / 10.0))  # question 0 only

@@ -271,7 +271,8 @@ class Cell:
         key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
         if shared and (row := self.baselines.get(key)) is not None:
             keys = cell_keys(self.cfg, self.name, self.methods[1].verifier)
-            copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION}
+            copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION,
+                      "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
             return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
         result = self.decode(method, prompt, seed=seed)
         answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)

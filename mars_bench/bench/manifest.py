@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mars_bench.bench.records import MANIFEST_FILE
 from mars_bench.paths import CONF_DIR, PACKAGE_DIR
 from mars_bench.placement import drafter_device, input_device, placement
 
@@ -139,7 +140,7 @@ def build_manifest(
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     """manifest.json for the first session in a folder, manifest.resumed-N.json after."""
-    path = folder / "manifest.json"
+    path = folder / MANIFEST_FILE
     resumed = 1
     while path.exists():
         path = folder / f"manifest.resumed-{resumed}.json"

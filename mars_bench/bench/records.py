@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_FILE = "records.jsonl"
+MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 SCHEMA_VERSION = 4  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none)

@@ -33,13 +33,16 @@ def ratio(numerator: float, denominator: float) -> float:
 
 
 def summarise_paired(rows: pd.DataFrame) -> dict[str, Any]:
-    """Speed, acceptance and quality of paired rows (one per prompt, columns ``*_base`` from the baseline).
+    """Speed, acceptance and quality of one method's rows (one per prompt), with the columns ``*_base``
+    of the baseline row of the same prompt (NaN where that baseline failed or is missing).
 
-    trigger_rate counts the rows whose verifier reports a trigger (``trigger_count`` not null):
-    NaN for a verifier without one.
+    The speedups use the prompts that have a baseline; everything else uses every row. trigger_rate
+    counts the rows whose verifier reports a trigger (``trigger_count`` not null): NaN for a verifier
+    without one.
     """
-    speed = (rows["new_tokens"], rows["seconds"], rows["new_tokens_base"], rows["seconds_base"])
-    some = len(rows) > 0
+    pairs = rows.dropna(subset=["seconds_base"])
+    speed = (pairs["new_tokens"], pairs["seconds"], pairs["new_tokens_base"], pairs["seconds_base"])
+    some = len(pairs) > 0
     low, high = bootstrap_ratio_ci(*speed) if some else (np.nan, np.nan)
     scores = rows["score"].dropna() if "score" in rows else pd.Series(dtype=float)
     score_low, score_high = bootstrap_mean_ci(scores)
@@ -65,10 +68,11 @@ def summarise_paired(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[str]) -> pd.DataFrame:
-    """``methods`` with the ``new_tokens`` and ``seconds`` of the baseline row of the same ``on`` keys (``*_base``)."""
+def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[str], how: str = "inner") -> pd.DataFrame:
+    """``methods`` with the ``new_tokens`` and ``seconds`` of the baseline row of the same ``on`` keys
+    (``*_base``): only the rows that have one (``how="inner"``), or every row (``"left"``, NaN where none)."""
     base = baselines[[*on, "new_tokens", "seconds"]]
-    return methods.merge(base, on=on, suffixes=("", "_base"), how="inner")
+    return methods.merge(base, on=on, suffixes=("", "_base"), how=how)
 
 
 TERMINAL = ["cell", "method", "verifier", "theta", "prompts", "tokens", "tok_per_s", "speedup", "speedup_ci_low",
@@ -86,7 +90,7 @@ def summarise(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for cell, cell_rows in frame.groupby("cell", sort=False):
         base = cell_rows[cell_rows["method"] == BASELINE]
         for method, group in cell_rows.groupby("method", sort=False):
-            summary = summarise_paired(pair_with_baseline(group, base, PROMPT))
+            summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"))
             if method == BASELINE:
                 summary |= {"agreement": 1.0, "trigger_rate": np.nan}
             setting = {"verifier": BASELINE, "theta": None} if method == BASELINE else {

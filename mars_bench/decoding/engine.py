@@ -165,7 +165,8 @@ class _Run:
         target_s = clock.lap()
         if not draft_tokens:
             next_token = int(choose_tokens(logits[-1:], self.sampling, self.generator)[0])
-            record = StepRecord(0, 0, 0, next_token, 0, draft_s=draft_s, target_s=target_s, verify_s=clock.lap())
+            record = StepRecord(0, 0, 0, next_token, 0, draft_s=draft_s, target_s=target_s, verify_s=clock.lap(),
+                                triggered=[] if getattr(self.verifier, "has_trigger", False) else None)  # fmt: skip
             if self.drafter is not None:
                 self.drafter.accept([], self.features)
             return record, [next_token]
