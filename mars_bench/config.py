@@ -20,6 +20,7 @@ from mars_bench.drafting import (
     check_drafter_name,
     drafter_needs_model,
     drafter_settings,
+    drafters_without_model,
     is_tree_drafter,
 )
 from mars_bench.drafting.model import check_min_confidence
@@ -251,7 +252,7 @@ def check_run_config(cfg: Any) -> None:
     if drafter_needs_model(cfg.drafter.name) and not cfg.model.draft_model:
         raise ValueError(
             f"drafter={cfg.drafter.name} needs model.draft_model, which model={cfg.model.name} does not set: "
-            "use drafter=layerskip or lookup"
+            f"use a drafter without one ({drafters_without_model()})"
         )
     if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")

@@ -13,11 +13,10 @@ from conftest import tiny_model
 from mars_bench import build_drafter, decode, get_verifier
 from mars_bench.decoding.draft_length import AcceptanceSchedule, draft_length_policy
 from mars_bench.drafting import (
-    SEPARATE_MODEL_DRAFTERS,
-    TREE_DRAFTERS,
     available_drafters,
     drafter_needs_model,
     drafter_settings,
+    drafters_without_model,
     is_tree_drafter,
 )
 
@@ -229,8 +228,9 @@ def test_settings_out_of_range_are_refused_before_any_model_is_needed(name, sett
 def test_the_registry_says_which_drafters_need_a_model_and_draft_trees():
     with_model = {name for name in available_drafters() if drafter_needs_model(name)}
     trees = {name for name in available_drafters() if is_tree_drafter(name)}
-    assert with_model == set(SEPARATE_MODEL_DRAFTERS) == {"model", "model_tree"}
-    assert trees == set(TREE_DRAFTERS) == {"model_tree", "eagle3"}
+    assert with_model == {"model", "model_tree"}
+    assert trees == {"model_tree", "eagle3"}
+    assert drafters_without_model() == "eagle3, layerskip, lookup, none"
 
 
 def test_describe_is_the_name_and_the_settings_in_use(target):

@@ -18,18 +18,12 @@ from mars_bench.drafting.base import (
     drafter_for,
     drafter_needs_model,
     drafter_settings,
+    drafters_without_model,
     is_tree_drafter,
     register_drafter,
 )
 
-# Computed from the registry of the built-in drafters, for callers of the former hand-written
-# tuples; the functions above also see drafters registered later.
-SEPARATE_MODEL_DRAFTERS = tuple(name for name in available_drafters() if drafter_needs_model(name))
-TREE_DRAFTERS = tuple(name for name in available_drafters() if is_tree_drafter(name))
-
 __all__ = [
-    "SEPARATE_MODEL_DRAFTERS",
-    "TREE_DRAFTERS",
     "Draft",
     "Drafter",
     "DrafterContext",
@@ -41,6 +35,7 @@ __all__ = [
     "drafter_for",
     "drafter_needs_model",
     "drafter_settings",
+    "drafters_without_model",
     "is_tree_drafter",
     "register_drafter",
 ]

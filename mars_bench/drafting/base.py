@@ -181,6 +181,11 @@ def drafter_needs_model(name: str) -> bool:
     return drafter_spec(name).needs_draft_model
 
 
+def drafters_without_model() -> str:
+    """The drafters that need no separate draft model, as an error message lists them."""
+    return ", ".join(name for name in available_drafters() if not drafter_needs_model(name))
+
+
 def is_tree_drafter(name: str) -> bool:
     """Whether the drafter ``name`` drafts trees (its depth is gamma, its size ``tree_tokens``)."""
     return drafter_spec(name).tree

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from mars_bench.drafting.base import Draft, Drafter, DrafterContext, NoSettings, register_drafter
+from mars_bench.drafting.base import Draft, Drafter, DrafterContext, NoSettings, drafters_without_model, register_drafter
 from mars_bench.drafting.tree import DraftTree, TreeSettings, TreeShape, expand_tree, frontier_block
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.placement import input_device
@@ -172,7 +172,7 @@ class TreeModelDrafter(ModelDrafter):
 @register_drafter("model", needs_draft_model=True)
 def model_drafter(settings: NoSettings, context: DrafterContext) -> ModelDrafter:
     if context.model is None:
-        raise ValueError("drafter 'model' needs a separate draft model: allowed drafters without one are layerskip and lookup")
+        raise ValueError(f"drafter 'model' needs a separate draft model: the drafters without one are {drafters_without_model()}")
     return ModelDrafter(context.model, context.vocab_size, context.min_confidence)
 
 
