@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars_bench.bench.records import MANIFEST_FILE, RECORDS_FILE, read_rows
+from mars_bench.settings import setting_string
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1}  # fmt: skip
@@ -27,7 +28,10 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
         for records in sorted(folder.rglob(RECORDS_FILE)):
             rows = list(read_rows(records))
             if rows:
-                frames.append(pd.DataFrame(rows).assign(run_dir=str(records.parent), manifest_setting=manifest_setting(records)))
+                run = pd.DataFrame(rows).assign(run_dir=str(records.parent))
+                if any(row.get("schema_version", 1) < 4 for row in rows):  # written before verifier_setting
+                    run["manifest_setting"] = manifest_setting(records)
+                frames.append(run)
     if not frames:
         raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}")
     frame = pd.concat(frames, ignore_index=True)
@@ -52,7 +56,7 @@ def manifest_setting(records: Path) -> str | None:
     described = [m["verifier"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("verifier"), dict)]
     if not described:
         return None
-    return ",".join(f"{key}={value}" for key, value in described[0].items() if key != "name")
+    return setting_string({key: value for key, value in described[0].items() if key != "name"})
 
 
 def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
@@ -64,18 +68,19 @@ def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
     manifest gives it (the verifier's ``describe()``), else theta and guard, where set, stand in for it.
     """
     old = frame["schema_version"] < 4
+    described = frame.pop("manifest_setting") if "manifest_setting" in frame else pd.Series(None, index=frame.index, dtype=object)
     if not old.any():
         return frame
     frame["trigger_count"] = frame["trigger_count"].astype(object)
     frame.loc[old & frame["theta"].isna(), "trigger_count"] = None
-    fallback = [",".join(f"{key}={value}" for key, value in (("theta", theta), ("guard", guard)) if pd.notna(value))
+    fallback = [setting_string({key: value for key, value in (("theta", theta), ("guard", guard)) if pd.notna(value)})
                 for theta, guard in zip(frame["theta"], frame["guard"])]  # fmt: skip
     if "verifier_setting" not in frame:
         frame["verifier_setting"] = None
     frame["verifier_setting"] = frame["verifier_setting"].astype(object)
-    described = frame["manifest_setting"].where(frame["manifest_setting"].notna(), pd.Series(fallback, index=frame.index))
+    described = described.where(described.notna(), pd.Series(fallback, index=frame.index))
     frame.loc[old, "verifier_setting"] = described[old]
-    return frame.drop(columns="manifest_setting")
+    return frame
 
 
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:

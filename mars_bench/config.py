@@ -7,6 +7,7 @@ before any model is loaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
@@ -26,6 +27,7 @@ from mars_bench.drafting import (
 from mars_bench.drafting.model import check_min_confidence
 from mars_bench.drafting.tree import TreeShape
 from mars_bench.placement import check_memory_budget, parse_dtype
+from mars_bench.settings import setting_string
 from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
@@ -171,11 +173,6 @@ def drafter_params(drafter: Any) -> dict[str, Any]:
     return plugin_settings(drafter_settings(drafter.name), drafter)
 
 
-def setting_string(values: dict[str, Any]) -> str:
-    """``key=value`` pairs joined by commas, as records carry a plugin's setting: ``theta=0.9,guard=never``."""
-    return ",".join(f"{key}={value}" for key, value in values.items())
-
-
 def drafter_setting(drafter: Any) -> str:
     """The keys that shape the drafter's drafts: gamma and its own settings, e.g. ``gamma=5,top_k=3,tree_tokens=16``."""
     return setting_string({"gamma": drafter.gamma, **drafter_params(drafter)})
@@ -202,24 +199,31 @@ def shadow_verifiers(cfg: Any) -> dict[str, Any]:
     return shadows
 
 
-GROUP_SCHEMAS = {  # group -> (its common keys, its schema with every plugin's settings, each plugin's schema)
-    "drafter": (DrafterCommon, DrafterConfig, DRAFTER_SCHEMAS),
-    "verifier": (VerifierCommon, VerifierConfig, VERIFIER_SCHEMAS),
+@dataclass(frozen=True)
+class PluginGroup:
+    """A config group of plugins: its common keys, its schema (with every plugin's settings), the
+    settings class of a plugin by name and the registered names."""
+
+    common: type
+    schema: type
+    settings_of: Callable[[str], type]
+    names: Callable[[], list[str]]
+
+
+PLUGIN_GROUPS = {
+    "drafter": PluginGroup(DrafterCommon, DrafterConfig, drafter_settings, available_drafters),
+    "verifier": PluginGroup(VerifierCommon, VerifierConfig, verifier_settings, available_verifiers),
 }
 
 
-def allowed_keys(group: str, plugin: str | None = None) -> str:
+def allowed_keys(group: str) -> str:
     """The keys of a drafter or verifier config node, as an error lists them: the common ones, then
-    each plugin's own settings (only ``plugin``'s, where given)."""
-    common, _union, schemas = GROUP_SCHEMAS[group]
-    plugins = [plugin] if plugin else sorted(schemas)
-    own = [f"{name}: {' '.join(sorted(keys))}" for name in plugins if (keys := _own_keys(group, name))]
-    return ", ".join(item.name for item in fields(common)) + (f"; {group} settings: {'; '.join(own)}" if own else "")
-
-
-def _own_keys(group: str, plugin: str) -> set[str]:
-    settings = drafter_settings(plugin) if group == "drafter" else verifier_settings(plugin)
-    return {item.name for item in fields(settings)}
+    each plugin's own settings."""
+    plugins = PLUGIN_GROUPS[group]
+    own = [f"{name}: {' '.join(sorted(item.name for item in keys))}"
+           for name in plugins.names() if (keys := fields(plugins.settings_of(name)))]  # fmt: skip
+    common = ", ".join(item.name for item in fields(plugins.common))
+    return common + (f"; {group} settings: {'; '.join(own)}" if own else "")
 
 
 def check_override_keys(overrides: list[str]) -> None:
@@ -228,7 +232,7 @@ def check_override_keys(overrides: list[str]) -> None:
     for override in overrides:
         group, dot, rest = override.lstrip("+~").partition(".")
         key = rest.split("=", 1)[0]
-        if dot and group in GROUP_SCHEMAS and key not in {item.name for item in fields(GROUP_SCHEMAS[group][1])}:
+        if dot and group in PLUGIN_GROUPS and key not in {item.name for item in fields(PLUGIN_GROUPS[group].schema)}:
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
 
 

@@ -21,7 +21,6 @@ from mars_bench.config import (
     drafter_params,
     drafter_setting,
     max_draft_depth,
-    setting_string,
     shadow_verifiers,
     verifier_params,
 )
@@ -29,6 +28,7 @@ from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.drafting import drafter_for, drafter_needs_model
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.settings import setting_string
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.providers import load_questions
@@ -74,8 +74,7 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
     """The config keys every record of a cell carries; the verifier's settings come from the
     verifier itself (or, before one is built, from the config node of the one named)."""
     model = cfg.model
-    settings = dict(verifier.describe()) if verifier is not None else {"name": cfg.verifier.name, **configured_settings(cfg)}
-    settings.pop("name")
+    settings = asdict(verifier.params) if verifier is not None else configured_settings(cfg)
     return {
         "cell": name,
         "model": model.name,

@@ -10,12 +10,13 @@ is its ``DrafterContext``: never a setting.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from mars_bench.placement import input_device
+from mars_bench.settings import check_settings_class, settings_from
 from mars_bench.verification.sampling import SamplingParams
 
 
@@ -140,8 +141,7 @@ def register_drafter(
 ) -> Callable[[DrafterFactory], DrafterFactory]:
     """Register ``factory(settings, context) -> Drafter`` as the drafter ``name``; ``settings``
     is its frozen settings dataclass."""
-    if not is_dataclass(settings) or not settings.__dataclass_params__.frozen:
-        raise TypeError(f"drafter {name} settings={settings!r} is invalid: allowed is a frozen dataclass")
+    check_settings_class("drafter", name, settings)
 
     def wrap(factory: DrafterFactory) -> DrafterFactory:
         _REGISTRY[name] = DrafterSpec(name, factory, settings, needs_draft_model, tree)
@@ -193,14 +193,7 @@ def is_tree_drafter(name: str) -> bool:
 
 def build_settings(name: str, **values: object) -> Any:
     """The drafter ``name``'s settings from ``values`` (defaults for the rest), checked."""
-    settings = drafter_settings(name)
-    allowed = [f.name for f in fields(settings)]
-    unknown = [key for key in values if key not in allowed]
-    if unknown:
-        raise ValueError(
-            f"drafter {name} has no setting {', '.join(map(repr, unknown))}: allowed are {', '.join(allowed) or 'none'}"
-        )
-    return settings(**values)
+    return settings_from("drafter", name, drafter_settings(name), values)
 
 
 def build_drafter(

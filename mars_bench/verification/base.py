@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from mars_bench.reasons import Reason
+from mars_bench.settings import check_settings_class, settings_from
 from mars_bench.verification.sampling import SamplingParams
 
 __all__ = [
@@ -194,8 +195,7 @@ def register_verifier(name: str, params: type = NoParams) -> Callable[[V], V]:
     params: a frozen dataclass whose fields are the verifier's settings (with defaults) and
     whose ``__post_init__`` validates them.
     """
-    if not dataclasses.is_dataclass(params) or not params.__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        raise TypeError(f"params of verifier {name} must be a frozen dataclass, got {params!r}")
+    check_settings_class("verifier", name, params)
 
     def wrap(cls: V) -> V:
         cls.name = name
@@ -224,11 +224,4 @@ def verifier_settings(name: str) -> type:
 def get_verifier(name: str, **settings: object) -> Verifier:
     """Build the verifier registered as ``name`` with its settings (unset ones take their defaults)."""
     cls = _verifier_class(name)
-    allowed = [field.name for field in dataclasses.fields(cls.params_type)]
-    unknown = [key for key in settings if key not in allowed]
-    if unknown:
-        keys = ", ".join(repr(key) for key in unknown)
-        raise ValueError(
-            f"verifier {name} has no setting{'s' if len(unknown) > 1 else ''} {keys}: allowed are {', '.join(allowed) or 'none'}"
-        )
-    return cls(cls.params_type(**settings))
+    return cls(settings_from("verifier", name, cls.params_type, settings))
