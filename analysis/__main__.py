@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import acceptance, figures
+from . import acceptance, fidelity, figures
 from .cells import NotEnoughData, method_summary
 from .gather import NoRecordsError, gather
 from .quality import quality_table
@@ -36,6 +36,17 @@ DESCRIPTIONS = {
     "acceptance by margin": "acceptance rate of verified positions per margin bin, with counts.",
     "shadow": "acceptance rate (kept drafts / drafts) of the live verifier and of each shadow verifier on the very same "
     "drafts and target logits.",
+    "fidelity": "per setting and per rule judged on its drafts (the live verifier, then each shadow): positions, expected "
+    "acceptance (mean exact alpha_V per drafted position), its gain over the strict rule on the same drafts, mean "
+    "KL(P_V || p) in nats and TV(P_V, p) per position of the emitted token's distribution against the target's, the "
+    "bound 1 - TV(q, p) + TV(P_V, p) on the acceptance and the distance to it, gain per nat of KL, expected tau, and "
+    "the score with its CI (live rows only: a shadow emits no text).",
+    "frontier": "expected acceptance against mean KL and mean TV per position, and expected tau against KL, one line "
+    "per rule family over its parameters, the strict rule a star, with the bounds 1 - TV(q, p) + TV and "
+    "1 - TV(q, p) + sqrt(KL / 2).",
+    "decomposition": "per cell in sweep order (then pooled over tasks): tau, speedup with its CI, the live verifier's "
+    "sequence-level KL to the target per generated token (nats), its deviation rate (TV per generated token) and "
+    "the score with its CI: where a sweep's gain comes from, step by step.",
 }
 
 
@@ -51,11 +62,14 @@ class Report:
         try:
             names = build()
         except NotEnoughData as reason:
-            self.skipped.append(f"- {what}: skipped, {reason}.")
-            print(f"analysis: {what} skipped: {reason}", file=sys.stderr)
+            self.skip(what, reason)
             return
         links = " / ".join(f"[{name}]({name})" for name in names)
         self.lines.append(f"- {links}: {DESCRIPTIONS[what]}")
+
+    def skip(self, what: str, reason: NotEnoughData) -> None:
+        self.skipped.append(f"- {what}: skipped, {reason}.")
+        print(f"analysis: {what} skipped: {reason}", file=sys.stderr)
 
     def table(self, name: str, frame: pd.DataFrame, formats: dict[str, str] | None = None) -> list[str]:
         frame.to_csv(self.out / f"{name}.csv", index=False)
@@ -103,6 +117,7 @@ def write_all(frame: pd.DataFrame, out: Path) -> Report:
         report.make("pareto", lambda: [figures.pareto(summary, out / "pareto.png").name])
     report.make("quality", lambda: report.table("quality", quality_table(frame), {"p_value": "{:.3f}", "prompts": "{}"}))
     write_acceptance(frame, report)
+    write_fidelity(frame, report)
     return report
 
 
@@ -130,6 +145,31 @@ def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
 
         report.make("acceptance by margin", by_margin)
     report.make("shadow", lambda: report.table("shadow", acceptance.shadow_table(frame), {"prompts": "{}", "drafted": "{}"}))
+
+
+FIDELITY_FORMATS = {"kl_per_position": "{:.3g}", "tv_per_position": "{:.3g}", "draft_tv_per_position": "{:.3f}",
+                    "gain": "{:+.3f}", "gain_per_kl": "{:.3g}", "acceptance": "{:.3f}", "strict_acceptance": "{:.3f}",
+                    "bound": "{:.3f}", "bound_gap": "{:.3f}", "positions": "{}", "steps": "{}", "prompts": "{}"}  # fmt: skip
+DECOMPOSITION_FORMATS = {"kl_per_token": "{:.3g}", "deviation_rate": "{:.3g}", "expected_acceptance": "{:.3f}",
+                         "acceptance_rate": "{:.3f}", "prompts": "{}", "tokens": "{}"}  # fmt: skip
+
+
+def write_fidelity(frame: pd.DataFrame, report: Report) -> None:
+    """The fidelity table, its frontier figure and the decomposition table; one skip line for all three
+    when no record carries fidelity."""
+    try:
+        table = fidelity.fidelity_table(frame)
+    except NotEnoughData as reason:
+        report.skip("fidelity", reason)
+        return
+    out = report.out
+    report.make("fidelity", lambda: report.table("fidelity", table, FIDELITY_FORMATS))
+    report.make("frontier", lambda: [figures.frontier(table, out / "frontier.png").name])
+
+    def decomposition() -> list[str]:
+        return report.table("decomposition", fidelity.decomposition_table(frame), DECOMPOSITION_FORMATS)
+
+    report.make("decomposition", decomposition)
 
 
 def portable_command(folders: list[str], out: Path) -> str:

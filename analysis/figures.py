@@ -1,7 +1,8 @@
 """Figures (PNG, matplotlib's Agg backend): the threshold ablation, the speed-quality Pareto
-front, alpha per depth, margin histograms by outcome and acceptance by margin bin.
+front, alpha per depth, margin histograms by outcome, acceptance by margin bin and the fidelity
+frontier (expected acceptance against KL and TV to the target).
 
-Every figure takes the tidy tables of cells.py / acceptance.py, never raw records.
+Every figure takes the tidy tables of cells.py / acceptance.py / fidelity.py, never raw records.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path
         axis.set_title(label, fontsize=9)
         axis.legend(fontsize=6)
         axis.grid(alpha=0.3)
-    for axis in axes.flat[len(labels):]:
+    for axis in axes.flat[len(labels) :]:
         axis.set_visible(False)
     for axis in axes[-1]:
         axis.set_xlabel(f"margin z2 / z1 (values below {low} drawn at {low})")
@@ -201,4 +202,106 @@ def acceptance_by_margin_plot(binned: pd.DataFrame, path: Path) -> Path:
     count_axis.set_xticks(range(len(names)), names, rotation=45, fontsize=7)
     count_axis.set_xlabel("margin bin z2 / z1")
     figure.suptitle(f"Acceptance by margin, all tasks pooled\n{_title(binned)}", fontsize=9)
+    return _save(figure, path)
+
+
+FRONTIER_GROUP = ["model", "drafter", "task", "temperature"]
+
+
+def _pool_rules(table: pd.DataFrame) -> pd.DataFrame:
+    """The fidelity table's rows of one panel pooled per rule, weighted by positions (and tau by steps):
+    a rule judged in several settings (a shadow of every cell of a sweep) becomes one point."""
+    sums = table.assign(
+        accept=table["acceptance"] * table["positions"],
+        kl=table["kl_per_position"] * table["positions"],
+        tv=table["tv_per_position"] * table["positions"],
+        draft_tv=table["draft_tv_per_position"] * table["positions"],
+        kept=(table["expected_tau"] - 1.0) * table["steps"],
+    )
+    columns = ["positions", "accept", "kl", "tv", "draft_tv", "steps", "kept"]
+    pooled = sums.groupby(["rule", "family", "parameters"], sort=False)[columns].agg(lambda s: s.sum(skipna=False))
+    out = pooled.reset_index()
+    for name in ("accept", "kl", "tv", "draft_tv"):
+        out[name] = out[name] / out["positions"]
+    out["expected_tau"] = 1.0 + out["kept"] / out["steps"]
+    return out
+
+
+def _kl_axis(axis, values: pd.Series) -> float:
+    """A symlog x axis for KL per position: lossless rules (KL at rounding level) sit at 0."""
+    positive = values[values > 1e-8]
+    threshold = 10.0 ** np.floor(np.log10(positive.min())) if len(positive) else 1e-3
+    axis.set_xscale("symlog", linthresh=threshold)
+    axis.set_xlim(left=0)
+    return threshold
+
+
+def _rule_lines(axis, points: pd.DataFrame, x: str, y: str, strict: str) -> None:
+    """One line per rule family across its parameter values (sorted by x), parameters written at
+    the points; the strict rule as a black star."""
+    for color, (family, rows) in zip(plt.cm.tab10.colors, points[points["family"] != strict].groupby("family", sort=True)):
+        rows = rows.dropna(subset=[x, y]).sort_values(x)
+        if rows.empty:
+            continue
+        axis.plot(rows[x], rows[y], marker="o", color=color, label=family)
+        for _, row in rows.iterrows():
+            if row["parameters"]:
+                axis.annotate(row["parameters"], (row[x], row[y]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    reference = points[points["family"] == strict].dropna(subset=[x, y])
+    if len(reference):
+        axis.plot(reference[x], reference[y], marker="*", markersize=12, linestyle="none", color="black", clip_on=False,
+                  label=f"{strict} (strict)", zorder=3)  # fmt: skip
+
+
+def frontier(table: pd.DataFrame, path: Path) -> Path:
+    """Expected acceptance against mean KL(P_V || p) and mean TV(P_V, p) per position, and expected
+    tau against the KL (against TV in greedy mode, where KL is undefined): one row of panels per
+    (target, drafter, task, temperature), each rule family a line over its parameters, the strict
+    rule a star. The bounds use the panel's mean TV(q, p) of the drafts: alpha <= 1 - TV(q, p) + t
+    on the TV panel (exact per position, hence on means), and alpha <= 1 - TV(q, p) + sqrt(KL / 2)
+    on the KL panel (Pinsker, then Jensen: valid, loose)."""
+    if table.empty:
+        raise NotEnoughData("no fidelity rows to draw")
+    groups = list(table.groupby(FRONTIER_GROUP, sort=True))
+    figure, axes = plt.subplots(len(groups), 3, figsize=(15, 4.3 * len(groups)), squeeze=False, layout="constrained")
+    for (key, rows), (kl_axis, tv_axis, tau_axis) in zip(groups, axes):
+        model, drafter, task, temperature = key
+        points = _pool_rules(rows)
+        strict = rows["strict"].iloc[0]
+        draft_tv = points["draft_tv"].dropna()
+        draft_tv = float((draft_tv * points.loc[draft_tv.index, "positions"]).sum()
+                         / points.loc[draft_tv.index, "positions"].sum()) if len(draft_tv) else np.nan  # fmt: skip
+        with_kl = bool(points["kl"].notna().any())
+        if with_kl:
+            threshold = _kl_axis(kl_axis, points["kl"])
+            if np.isfinite(draft_tv):
+                kl = np.concatenate([[0.0], np.geomspace(threshold / 10, points["kl"].max() * 1.05, 200)])
+                kl_axis.plot(kl, np.minimum(1.0, 1.0 - draft_tv + np.sqrt(kl / 2)), color="grey", linestyle="--",
+                             label="bound 1 - TV(q,p) + sqrt(KL/2) (Pinsker, loose)")  # fmt: skip
+            _rule_lines(kl_axis, points, "kl", "accept", strict)
+            _kl_axis(tau_axis, points["kl"])
+            tau_axis.set_xlabel("mean KL(P_V || p) per position, nats (symlog)", fontsize=8)
+        else:  # greedy: KL is undefined, tau goes against TV (the share of positions off the target's argmax)
+            kl_axis.text(0.5, 0.5, "no finite KL (greedy: p is one-hot)", ha="center", va="center", transform=kl_axis.transAxes)
+            tau_axis.set_xlabel("mean TV(P_V, p) per position", fontsize=8)
+        _rule_lines(tau_axis, points, "kl" if with_kl else "tv", "expected_tau", strict)
+        if not tau_axis.lines:
+            tau_axis.text(0.5, 0.5, "no expected tau (trees)", ha="center", va="center", transform=tau_axis.transAxes)
+        if np.isfinite(draft_tv):
+            tv = np.linspace(0.0, max(float(points["tv"].max()), 1e-3) * 1.05, 50)
+            tv_axis.plot(tv, np.minimum(1.0, 1.0 - draft_tv + tv), color="grey", linestyle="--",
+                         label="bound 1 - TV(q,p) + TV(P_V,p)")  # fmt: skip
+        _rule_lines(tv_axis, points, "tv", "accept", strict)
+        where = f"{task}, {model}, {_drafter_title(str(drafter))}, T = {temperature:g}"
+        kl_axis.set_ylabel(f"{where}\nexpected acceptance per drafted position", fontsize=8)
+        tau_axis.set_ylabel("expected tau (tokens per step)", fontsize=8)
+        kl_axis.set_xlabel("mean KL(P_V || p) per position, nats (symlog; lossless at 0)", fontsize=8)
+        tv_axis.set_xlabel("mean TV(P_V, p) per position", fontsize=8)
+        for axis in (kl_axis, tv_axis, tau_axis):
+            axis.grid(alpha=0.3)
+            if axis.lines:
+                axis.legend(fontsize=6, loc="best")
+    records = int(table.loc[table["role"] == "live", "prompts"].sum())
+    figure.suptitle(f"Acceptance against fidelity to the target ({records} records; "
+                    f"rules pooled over the settings whose drafts judged them)\n{_title(table)}", fontsize=9)  # fmt: skip
     return _save(figure, path)

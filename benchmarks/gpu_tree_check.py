@@ -154,7 +154,7 @@ def measure(shape: dict[str, Any], device: torch.device, prefix: int, repeats: i
     }
     logits = target_forward(tree_block, tree_parents)
     verify: dict[str, float] = {}
-    for name in available_verifiers():
+    for name in [name for name in available_verifiers() if not get_verifier(name).chains_only]:  # the ones that judge trees
         verifier = get_verifier(name)
         for label, sampling in (("t0", SamplingParams()), ("t1", sample)):
             step = VerifyInput(draft.tokens, draft.parents, logits, sampling, draft_probs=draft.probs)

@@ -27,7 +27,7 @@ from mars_bench.drafting import (
 from mars_bench.drafting.model import check_min_confidence
 from mars_bench.drafting.tree import TreeShape
 from mars_bench.placement import check_memory_budget, parse_dtype
-from mars_bench.settings import setting_string
+from mars_bench.settings import parse_label, plugin_label, setting_string
 from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
@@ -120,6 +120,7 @@ class TaskConfig:
     file: str = "humaneval/question.jsonl"  # absolute, or relative to data_dir
     sources: list[str] = field(default_factory=lambda: ["file", "hub", "package"])  # tried in this order
     num_prompts: int | None = 10  # the first N questions; null = all
+    max_turns: int | None = None  # the first N turns of each question (MT-bench has 2); null = all
     system_prompt: str | None = None
     scorer: str | None = None
     judge_model: str | None = None  # for scorer=judge: any causal LM, by Hub id or folder
@@ -143,6 +144,7 @@ class RunConfig:
     output_dir: str | None = None  # null: Hydra's run folder
     progress: bool = True
     shadow: list[str] = field(default_factory=list)  # verifiers judged beside the live one (same drafts, same logits)
+    fidelity: bool = False  # record each verifier's exact acceptance, KL and TV against the target per position
     baseline_cache: str | None = None  # a folder shared by the cells of a sweep: each baseline decoded once
 
 
@@ -187,15 +189,26 @@ def max_draft_depth(drafter: Any) -> int:
 
 
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:
-    """label -> Verifier for each name in ``cfg.shadow``, its settings (theta, ...) from cfg.verifier.
+    """label -> Verifier for each entry of ``cfg.shadow``: a name (``mars``) takes its settings
+    from cfg.verifier where that has them; a spec with settings (``mars(theta=0.8)``,
+    ``tv_budget(eps=0.05)``) sets those and leaves the rest at the verifier's defaults.
 
     The label is the name with its settings: ``mars(theta=0.9,guard=never,correction=residual)``."""
     shadows = {}
-    for name in cfg.shadow:
+    for spec in cfg.shadow:
+        name, settings = parse_label(str(spec))
         if name not in available_verifiers():
             raise ValueError(f"shadow verifier {name!r} is unknown: allowed are {', '.join(available_verifiers())}")
-        params = plugin_settings(verifier_settings(name), cfg.verifier)
-        shadows[name + (f"({setting_string(params)})" if params else "")] = get_verifier(name, **params)
+        if not settings:
+            settings = plugin_settings(verifier_settings(name), cfg.verifier)
+        try:
+            verifier = get_verifier(name, **settings)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"shadow {spec!r}: {error}") from None
+        label = plugin_label(name, verifier.params)
+        if label in shadows:
+            raise ValueError(f"shadow {spec!r} repeats {label}: each shadow verifier must differ")
+        shadows[label] = verifier
     return shadows
 
 
@@ -241,8 +254,16 @@ def check_run_config(cfg: Any) -> None:
     SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
     get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
-    shadow_verifiers(cfg)
+    shadows = shadow_verifiers(cfg)
     check_drafter_name(cfg.drafter.name)
+    if is_tree_drafter(cfg.drafter.name):
+        live = get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
+        chain_only = [label for label, verifier in {cfg.verifier.name: live, **shadows}.items() if verifier.chains_only]
+        if chain_only:
+            raise ValueError(
+                f"drafter={cfg.drafter.name} drafts trees, which {', '.join(chain_only)} cannot judge: "
+                "use a chain drafter (model, layerskip, lookup) or a verifier that judges trees"
+            )
     draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
     build_settings(cfg.drafter.name, **drafter_params(cfg.drafter))
     if is_tree_drafter(cfg.drafter.name):

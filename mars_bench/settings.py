@@ -32,3 +32,53 @@ def settings_from(kind: str, name: str, settings: type, values: dict[str, Any]) 
 def setting_string(values: dict[str, Any]) -> str:
     """``key=value`` pairs joined by commas, as records carry a plugin's setting: ``theta=0.9,guard=never``."""
     return ",".join(f"{key}={value}" for key, value in values.items())
+
+
+OPTIONAL = {"omit_when_default": True}  # field metadata: a setting added later, left out of labels at its default
+
+
+def label_values(settings: Any) -> dict[str, Any]:
+    """A settings dataclass's values as labels carry them: every field, except an ``OPTIONAL`` one at
+    its default, so that records made before the option existed keep their labels."""
+    return {
+        item.name: getattr(settings, item.name)
+        for item in dataclasses.fields(settings)
+        if not (item.metadata.get("omit_when_default") and getattr(settings, item.name) == item.default)
+    }
+
+
+def plugin_label(name: str, settings: Any) -> str:
+    """``name(key=value,...)``, or the bare name for a plugin without settings: how records name a
+    shadow verifier and the fidelity of each verifier."""
+    values = label_values(settings)
+    return name + (f"({setting_string(values)})" if values else "")
+
+
+def parse_value(text: str) -> Any:
+    """A setting's value written in a label or a shadow spec: None/null, an int, a float, else the text."""
+    text = text.strip()
+    if text in ("None", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_label(label: str) -> tuple[str, dict[str, Any]]:
+    """``mars(theta=0.8,guard=gap)`` -> ("mars", {"theta": 0.8, "guard": "gap"}); a bare name has no settings.
+    The inverse of ``plugin_label``; ValueError, in one line, on a malformed label."""
+    name, bracket, rest = label.strip().partition("(")
+    if not bracket:
+        return name, {}
+    if not rest.endswith(")") or not name:
+        raise ValueError(f"{label!r} is not a plugin label: allowed is name or name(key=value,...)")
+    values: dict[str, Any] = {}
+    for pair in filter(None, rest[:-1].split(",")):
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"{label!r} is not a plugin label: {pair!r} is not key=value")
+        values[key.strip()] = parse_value(value)
+    return name.strip(), values

@@ -83,7 +83,7 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
 
     with pytest.raises(ValueError, match=r"drafter.topk is not a drafter setting: allowed are .*model_tree: top_k tree_tokens"):
         check_override_keys(["drafter=model_tree", "drafter.topk=3"])
-    with pytest.raises(ValueError, match=r"verifier.thet is not a verifier setting: allowed are .*mars: correction guard theta"):
+    with pytest.raises(ValueError, match=r"verifier.thet is not a verifier setting: allowed are .*mars: correction entropy_gate"):
         check_override_keys(["+verifier.thet=0.9"])
     check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
 
@@ -136,7 +136,7 @@ def test_a_misspelt_key_or_a_mistyped_value_fails_as_the_config_composes(overrid
         (["top_p=0"], "top_p=0.0 is invalid"),
         (["model=smollm2-135m"], "drafter=model needs model.draft_model"),
         (["drafter.length=wild"], "drafter.length='wild' is invalid: allowed are fixed, schedule, confidence"),
-        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are exact, "),
+        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are cascade, exact, "),
     ],
 )
 def test_a_value_out_of_range_fails_with_one_line_before_any_model_loads(overrides, message):

@@ -121,7 +121,7 @@ def test_run_then_analyse_then_rescore(tmp_path, monkeypatch):
     made, skipped = index_entries(report)
     assert {"records.parquet", "settings.md", "table1.md", "table1.tex", "quality.md", "pareto.png", "alpha_per_depth.png",
             "margin_histograms.png", "acceptance_by_margin.png"} <= made  # fmt: skip
-    assert skipped == {"threshold ablation", "shadow"}  # one theta; no shadow verifiers ran
+    assert skipped == {"threshold ablation", "shadow", "fidelity"}  # one theta; no shadow verifiers; fidelity off
     assert "/tmp" not in (report / "index.md").read_text()  # it names no folder of this machine
 
     assert run(readme("python -m mars_bench.bench.rescore"), tmp_path, monkeypatch) == 0
@@ -164,7 +164,7 @@ def test_a_threshold_sweep_then_its_analysis(tmp_path, monkeypatch):
     assert run(analyse, tmp_path, monkeypatch) == 0
     made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
     assert {"settings.md", "table1.md", "threshold_ablation.png", "pareto.png", "quality.md"} <= made
-    assert skipped == {"shadow"}
+    assert skipped == {"shadow", "fidelity"}
 
 
 def test_the_papers_threshold_ablation_then_its_analysis(tmp_path, monkeypatch):
@@ -188,7 +188,59 @@ def test_the_papers_threshold_ablation_then_its_analysis(tmp_path, monkeypatch):
     analyse = readme("python -m analysis DIR --out")
     assert run(analyse, tmp_path, monkeypatch) == 0
     made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
-    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and not skipped
+    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and skipped == {"fidelity"}
+
+
+def fidelity_of(row: dict) -> dict[str, dict]:
+    assert row["fidelity"], "the method row carries no fidelity"
+    for label, cost in row["fidelity"].items():  # alpha_V <= 1 - TV(q, p) + TV(P_V, p), summed
+        if cost["draft_tv"] is not None:
+            assert cost["accept"] <= cost["positions"] - cost["draft_tv"] + cost["tv"] + 1e-6, label
+    return row["fidelity"]
+
+
+def test_the_zoo_then_its_frontier(tmp_path, monkeypatch):
+    zoo = readme("python -m mars_bench -m experiment=zoo")
+    assert run(zoo, tmp_path, monkeypatch, [*app_overrides(zoo), "task.num_prompts=1"]) == 0
+    cells = sorted(path.parent for path in (tmp_path / "ZOO").rglob("records.jsonl") if path.parent.name != "baselines")
+    assert [cell.name.split("_")[1] for cell in cells] == ["humaneval", "gsm8k", "mt"]
+    for cell in cells:
+        (method,) = [row for row in read_rows(cell / "records.jsonl") if row["method"] == "rejection"]
+        costs = fidelity_of(method)
+        assert list(costs)[0] == "rejection" and len(costs) == 21 and method["turn"] == 1
+        assert costs["rejection"]["kl"] < 1e-6 and costs["rejection"]["tv"] < 1e-5
+    analyse = readme("python -m analysis ZOO")
+    assert run(analyse, tmp_path, monkeypatch) == 0
+    made, _ = index_entries(tmp_path / analyse.split("--out ")[1])
+    assert {"frontier.png", "fidelity.md", "fidelity.csv", "shadow.md"} <= made
+
+
+def test_the_decomposition_then_its_table(tmp_path, monkeypatch):
+    steps = readme("python -m mars_bench -m experiment=decomposition")
+    assert run(steps, tmp_path, monkeypatch, [*app_overrides(steps), "task.num_prompts=1"]) == 0
+    cells = sorted((path.parent for path in (tmp_path / "DECOMP").rglob("records.jsonl") if path.parent.name != "baselines"),
+                   key=lambda cell: int(cell.name.split("_")[0]))  # fmt: skip
+    methods = [(row["verifier"], row["theta"]) for cell in cells for row in read_rows(cell / "records.jsonl")
+               if row["method"] != "baseline"]  # fmt: skip
+    assert methods[::3] == [("rejection", None), ("mars_ref", None), ("mars", 0.9), ("mars_ref", 0.9)]
+    for cell in cells:
+        rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
+        (method,) = [row for name, row in rows.items() if name != "baseline"]
+        assert method["drafter"] == "model_tree" and len(fidelity_of(method)) == 1
+    analyse = readme("python -m analysis DECOMP")
+    assert run(analyse, tmp_path, monkeypatch) == 0
+    made, _ = index_entries(tmp_path / analyse.split("--out ")[1])
+    assert {"decomposition.md", "decomposition.csv", "fidelity.md"} <= made
+
+
+def test_a_single_run_with_fidelity(tmp_path, monkeypatch):
+    command = readme("python -m mars_bench fidelity=true")
+    assert run(command, tmp_path, monkeypatch, app_overrides(command)) == 0
+    rows = list(read_rows(next((tmp_path / "runs").rglob("records.jsonl"))))
+    for row in (row for row in rows if row["method"] == "mars"):
+        costs = fidelity_of(row)
+        assert list(costs) == ["mars(theta=0.9,guard=never,correction=residual)", "rejection"]
+        assert len(row["position_kl"]) == len(row["margins"]) == costs[next(iter(costs))]["judged"]
 
 
 @pytest.mark.parametrize("prefix", ["python -m mars_bench -m experiment=table1", "python -m mars_bench model=llama3.1-8b",
@@ -259,6 +311,6 @@ def test_ci_runs_the_readme_test_command():
 def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_loads():
     from mars_bench.lm_eval_model import MarsBenchLM
 
-    with pytest.raises(ValueError, match=r"^unknown model_args topk for drafter=model_tree, verifier=mars: "
-                                         r"their settings are correction, guard, theta, top_k, tree_tokens$"):  # fmt: skip
+    message = "unknown model_args topk for drafter=model_tree, verifier=mars: their settings are correction, entropy_gate, "
+    with pytest.raises(ValueError, match="^" + re.escape(message + "guard, theta, top_k, tree_tokens") + "$"):
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)

@@ -28,7 +28,7 @@ from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.drafting import drafter_for, drafter_needs_model
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.settings import setting_string
+from mars_bench.settings import label_values, plugin_label, setting_string
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.providers import load_questions
@@ -74,7 +74,7 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
     """The config keys every record of a cell carries; the verifier's settings come from the
     verifier itself (or, before one is built, from the config node of the one named)."""
     model = cfg.model
-    settings = asdict(verifier.params) if verifier is not None else configured_settings(cfg)
+    settings = label_values(verifier.params) if verifier is not None else configured_settings(cfg)
     return {
         "cell": name,
         "model": model.name,
@@ -101,7 +101,7 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
 def configured_settings(cfg: Any) -> dict[str, Any]:
     """The configured verifier's settings, or none where its name is not known (the failure row says why)."""
     try:
-        return verifier_params(cfg.verifier)
+        return label_values(get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier)).params)
     except ValueError:
         return {}
 
@@ -179,6 +179,7 @@ class Cell:
             seed=seed,
             shadow=list(self.shadows.values()) if method.verifier is not None else (),
             draft_length=draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, max_draft_depth(cfg.drafter)),
+            fidelity=cfg.fidelity and method.verifier is not None,
         )
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -309,6 +310,7 @@ class Cell:
             step_accepted=[step.accepted for step in result.steps],
             shadow_accepted=dict(zip(self.shadows, result.shadow_accepted(len(self.shadows)))) if is_method else {},
             trigger_count=result.trigger_count,
+            **self.fidelity_fields(method, result),
             verified_positions=len(z1),
             nonpositive_top1=sum(z <= 0 for z in z1),
             margins=[finite_or_none(float(r)) for r in margins],
@@ -324,6 +326,27 @@ class Cell:
             output_ids=result.tokens,
             output_text=answer,
         )
+
+    def fidelity_fields(self, method: Method, result: DecodeResult) -> dict[str, Any]:
+        """The record's fidelity columns: per verifier label its summed costs, the time they took
+        and the live verifier's costs per verified position (aligned with ``margins``)."""
+        measured = [step for step in result.steps if step.fidelity is not None]
+        if method.verifier is None or not measured:
+            return {}
+        labels = [plugin_label(method.verifier.name, method.verifier.params), *self.shadows]
+        live = [step.fidelity[0] for step in measured]
+        costs: dict[str, Any] = {}
+        for label, summed in zip(labels, result.fidelity()):
+            costs.setdefault(label, summed)  # a shadow of the live rule itself has its costs already
+        return {
+            "fidelity": costs,
+            "fidelity_s": result.fidelity_s,
+            "position_accept": [value for costs in live for value in costs.accept[: costs.judged]],
+            "position_kl": [
+                finite_or_none(value) for costs in live if costs.kl is not None for value in costs.kl[: costs.judged]
+            ],
+            "position_tv": [value for costs in live for value in costs.tv[: costs.judged]],
+        }
 
 
 def compare(tokens: list[int], baseline: list[int] | None) -> tuple[float | None, int | None]:

@@ -19,8 +19,9 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
-SCHEMA_VERSION = 4  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
-# 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none)
+SCHEMA_VERSION = 5  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+# 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
+# 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*
 
 
 @dataclass
@@ -64,6 +65,13 @@ class Record:
     step_accepted: list[int] = field(default_factory=list)
     shadow_accepted: dict[str, list[int]] = field(default_factory=dict)  # shadow verifier -> drafts kept per drafting step
     trigger_count: int | None = None  # verified positions where the verifier's own trigger fired; None: it has none
+    # fidelity=true: per verifier label (the live one first, then each shadow), its costs summed over the
+    # sequence (decoding/fidelity.py: positions, accept, kl, tv, draft_tv, expected_accepted, judged, ...)
+    fidelity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fidelity_s: float = 0.0  # seconds spent measuring fidelity, not part of decode_s
+    position_accept: list[float] = field(default_factory=list)  # the live verifier's alpha_V per verified position
+    position_kl: list[float | None] = field(default_factory=list)  # KL(P_V || p) per verified position (empty: greedy)
+    position_tv: list[float] = field(default_factory=list)  # TV(P_V, p) per verified position
     verified_positions: int = 0
     nonpositive_top1: int = 0  # verified positions with z1 <= 0
     margins: list[float | None] = field(default_factory=list)  # z2 / z1 per verified position

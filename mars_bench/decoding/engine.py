@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from mars_bench.decoding.clock import Clock
 from mars_bench.decoding.draft_length import DraftLength, FixedLength
+from mars_bench.decoding.fidelity import step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter, empty_draft
 from mars_bench.kvcache import cached_forward, crop_to, keep_positions
@@ -76,6 +77,7 @@ def decode(
     generator: torch.Generator | None = None,
     shadow: Sequence[Verifier | str] = (),
     draft_length: DraftLength | None = None,
+    fidelity: bool = False,
 ) -> DecodeResult:
     """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None).
 
@@ -87,6 +89,8 @@ def decode(
     from their own generator, so the live random stream (and the output) is the same with
     and without them.
     draft_length: the policy that sets each step's number of drafts (default: always ``gamma``).
+    fidelity: also record, per step, what the live verifier and each shadow cost against the
+    target at every judged position (``decoding/fidelity.py``), outside the method's time.
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
@@ -105,13 +109,13 @@ def decode(
     shadow_generator.manual_seed((0 if seed is None else seed) + 1)
     shadows = (tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow), shadow_generator)
     length = draft_length or FixedLength(settings.gamma)
-    return _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length).run(prompt)
+    return _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length, fidelity).run(prompt)
 
 
 class _Run:
     """State of one sequence being decoded."""
 
-    def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length) -> None:
+    def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length, fidelity) -> None:
         self.target, self.drafter, self.verifier = target, drafter, verifier
         self.sampling, self.settings, self.generator, self.device = sampling, settings, generator, device
         self.shadow, self.shadow_generator = shadows
@@ -119,6 +123,7 @@ class _Run:
         self.cache = DynamicCache(config=target.config)
         self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
         self.features: torch.Tensor | None = None  # the drafter's target features for the last forward
+        self.fidelity: bool = fidelity
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False, parents: torch.Tensor | None = None) -> torch.Tensor:
         """Target logits [n, V] for the new tokens ([1, V] if ``last_only``); ``parents``: their
@@ -182,6 +187,11 @@ class _Run:
         verify_s = clock.lap()
         shadow_accepted = [shadow.verify(step_input, generator=self.shadow_generator).accepted_len for shadow in self.shadow]
         clock.lap()  # shadow verifiers are left out of the method's time
+        costs = None
+        if self.fidelity:
+            verifiers, kept = [self.verifier, *self.shadow], [verdict.accepted_len, *shadow_accepted]
+            costs = step_costs(verifiers, step_input, kept, verdict.accepted.tolist(), chain=not tree)
+        fidelity_s = clock.lap()  # so is the fidelity measurement
         accepted, path = verdict.accepted_len, verdict.accepted.tolist()
         self.draft_length.observe(int(node_depths(parents).max()) + 1 if tree else len(draft_tokens), accepted)
         if tree:  # the prefix, the root and the accepted path stay cached
@@ -203,6 +213,8 @@ class _Run:
             top2_logits=decisions.top2_logit.tolist(),
             triggered=None if decisions.triggered is None else decisions.triggered.tolist(),
             shadow_accepted=shadow_accepted,
+            fidelity=costs,
+            fidelity_s=fidelity_s,
             draft_s=draft_s,
             target_s=target_s,
             verify_s=verify_s,

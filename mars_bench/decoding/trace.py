@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mars_bench.decoding.fidelity import PositionCosts, sequence_costs
+
 PHASES = ("draft", "target", "verify", "bookkeeping")  # the parts of a step's seconds
 
 
@@ -22,6 +24,8 @@ class StepRecord:
     top2_logits: list[float] = field(default_factory=list)  # runner-up logit per visited depth
     triggered: list[bool] | None = None  # per visited depth: did the verifier's own trigger fire (None: it has none)
     shadow_accepted: list[int] = field(default_factory=list)  # drafts each shadow verifier would keep, in order
+    fidelity: list[PositionCosts] | None = None  # with fidelity on: the live verifier's costs, then each shadow's
+    fidelity_s: float = 0.0  # seconds spent on ``fidelity`` (not part of the method's time)
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
@@ -94,6 +98,17 @@ class DecodeResult:
         """Per shadow verifier (``count`` of them, in order): drafts it would keep at each step
         (0 at a step with no drafts), aligned with the steps' ``accepted``."""
         return [[step.shadow_accepted[index] if step.drafted else 0 for step in self.steps] for index in range(count)]
+
+    def fidelity(self) -> list[dict[str, float | int | None]]:
+        """Per verifier judged with fidelity on (the live one, then each shadow): its costs summed
+        over the steps that verified drafts (``decoding/fidelity.py``); empty with fidelity off."""
+        measured = [step.fidelity for step in self.steps if step.fidelity is not None]
+        count = len(measured[0]) if measured else 0
+        return [sequence_costs([costs[index] for costs in measured]) for index in range(count)]
+
+    @property
+    def fidelity_s(self) -> float:
+        return sum(step.fidelity_s for step in self.steps)
 
     def phase_seconds(self) -> dict[str, float]:
         return {phase: sum(getattr(step, f"{phase}_s") for step in self.steps) for phase in PHASES}

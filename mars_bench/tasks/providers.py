@@ -16,7 +16,7 @@ import os
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -207,13 +207,17 @@ PROVIDERS = {"file": from_file, "hub": from_hub, "package": from_package}
 
 
 def load_questions(task: Any, data_dir: str | None = None) -> list[Question]:
-    """The first ``task.num_prompts`` questions from the first source in ``task.sources`` that has them."""
+    """The first ``task.num_prompts`` questions from the first source in ``task.sources`` that has them,
+    each cut to its first ``task.max_turns`` turns where that is set."""
+    max_turns = getattr(task, "max_turns", None)
+    if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
+        raise ValueError(f"task.max_turns={max_turns!r} is invalid: allowed is an integer >= 1 or null (every turn)")
     tried = []
     for name in task.sources:
         if name not in PROVIDERS:
             raise ValueError(f"task.sources entry {name!r} is invalid: allowed are {', '.join(PROVIDERS)}")
         questions, label = PROVIDERS[name](task, data_dir)
         if questions is not None:
-            return questions
+            return [replace(question, turns=question.turns[:max_turns]) for question in questions] if max_turns else questions
         tried.append(label)
     raise QuestionFileError(f"task {task.name!r}: no source has its questions; tried " + "; ".join(tried))

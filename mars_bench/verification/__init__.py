@@ -5,7 +5,17 @@ verdict = get_verifier("mars", theta=0.9).verify(step, generator=generator)
 verifier_settings("mars")  # MarsParams: the allowed settings, their defaults and checks
 """
 
-from mars_bench.verification import mars, mars_ref, strict, typical  # noqa: F401  (registration)
+from mars_bench.verification import (  # noqa: F401  (registration)
+    cascade,
+    lenient,
+    mars,
+    mars_ref,
+    mentored,
+    strict,
+    top_m,
+    tv_budget,
+    typical,
+)
 from mars_bench.verification.base import (
     Decisions,
     NoParams,

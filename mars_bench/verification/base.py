@@ -11,7 +11,6 @@ allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -19,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from mars_bench.reasons import Reason
-from mars_bench.settings import check_settings_class, settings_from
+from mars_bench.settings import check_settings_class, label_values, settings_from
 from mars_bench.verification.sampling import SamplingParams
 
 __all__ = [
@@ -168,6 +167,7 @@ class Verifier:
     name: ClassVar[str]
     lossless: ClassVar[bool]
     has_trigger: ClassVar[bool] = False
+    chains_only: ClassVar[bool] = False  # True: refuses a tree of drafts
     params_type: ClassVar[type] = NoParams
 
     def __init__(self, params: Any = None) -> None:
@@ -181,8 +181,9 @@ class Verifier:
         raise NotImplementedError
 
     def describe(self) -> dict[str, object]:
-        """The verifier's name and settings, for records and manifests."""
-        return {"name": self.name, **dataclasses.asdict(self.params)}
+        """The verifier's name and settings, for records and manifests (an ``OPTIONAL`` setting only
+        when it is not at its default, as labels carry it)."""
+        return {"name": self.name, **label_values(self.params)}
 
 
 _REGISTRY: dict[str, type[Verifier]] = {}

@@ -18,6 +18,7 @@ the top-k of a distribution).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,7 +26,7 @@ import torch
 
 from mars_bench.trees import ancestor_matrix, is_chain, node_depths
 from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
-from mars_bench.verification.sampling import sample_rows
+from mars_bench.verification.sampling import SamplingParams, probabilities, sample_rows
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,15 @@ PROBLEMS = (
 )
 
 
-def input_problems(step: VerifyInput, layout: TreeLayout) -> torch.Tensor:
+def input_problems(step: VerifyInput, layout: TreeLayout, row_max: torch.Tensor | None = None) -> torch.Tensor:
     """BoolTensor[len(PROBLEMS)] on the device: which input checks fail (no host sync).
 
-    The three logits checks read one row maximum: max propagates NaN, is +inf where any
-    entry is, and is -inf only where no entry is finite.
+    The three logits checks read one row maximum (``row_max``: the raw logits' [N+1], computed
+    here when not given): max propagates NaN, is +inf where any entry is, and is -inf only where
+    no entry is finite.
     """
     logits, drafts = step.target_logits, step.draft_tokens
-    row_max = logits.max(dim=-1).values
+    row_max = logits.max(dim=-1).values if row_max is None else row_max
     none = torch.zeros((), dtype=torch.bool, device=logits.device)
     flags = [
         torch.isnan(row_max).any(),
@@ -133,17 +135,73 @@ def input_problems(step: VerifyInput, layout: TreeLayout) -> torch.Tensor:
     return torch.stack([flag.to(logits.device) for flag in flags])
 
 
+class TargetView:
+    """One step's target logits as a verifier processes them: processed logits [N+1, V], their
+    top-2 per row, the raw logits' row maximum and, computed on first use, the probabilities
+    p [N+1, V] (``sampling.probabilities``).
+
+    ``target_view`` hands the same view to every verifier that processes the same logits tensor
+    the same way, so a step judged by a live verifier, its shadows and their emission
+    distributions processes and normalises its logits once.
+    """
+
+    def __init__(self, logits: torch.Tensor, processed: torch.Tensor, sampling: SamplingParams) -> None:
+        self.processed, self.sampling = processed, sampling
+        self.rows = top_two(processed)
+        self.raw_max = logits.max(dim=-1).values  # [N+1], for the input checks
+        self._probs: torch.Tensor | None = None
+
+    @property
+    def probs(self) -> torch.Tensor:
+        if self._probs is None:
+            self._probs = probabilities(self.processed, self.sampling)
+        return self._probs
+
+
+_VIEWS: dict[object, tuple[torch.Tensor, int, SamplingParams, TargetView]] = {}  # processing -> the last view
+
+
+def target_view(logits: torch.Tensor, sampling: SamplingParams, process: Callable, key: object) -> TargetView:
+    """The view of ``logits`` under ``process(logits, sampling)``; ``key`` names the processing.
+
+    A one-slot cache per processing: a hit needs the very same tensor, unchanged since (its
+    version counter; an inference-mode tensor has none, and verifiers never write to their
+    inputs), and the same sampling settings.
+    """
+    version = version_of(logits)
+    cached = _VIEWS.get(key)
+    if cached is not None and cached[0] is logits and cached[1] == version and cached[2] == sampling:
+        return cached[3]
+    view = TargetView(logits, process(logits, sampling), sampling)
+    _VIEWS[key] = (logits, version, sampling, view)
+    return view
+
+
+def version_of(tensor: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by every in-place write); -1 for an inference-mode tensor."""
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors do not track a version
+        return -1
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What every verifier starts from: processed logits [N+1, V], the top-2 of every row
-    (``rows``) and of the row judging each node (``nodes``), the layout, and the input
-    checks still on the device."""
+    (``rows``) and of the row judging each node (``nodes``), the layout, the input checks
+    still on the device, and the target's probabilities (``probs``, computed once per view)."""
 
     processed: torch.Tensor
     rows: TopTwo
     nodes: TopTwo
     layout: TreeLayout
     problems: torch.Tensor
+    view: TargetView
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """FloatTensor[N+1, V]: the processed target probabilities p (one-hot at the argmax when greedy)."""
+        return self.view.probs
 
     def parent_rows(self, per_row: torch.Tensor) -> torch.Tensor:
         """``per_row`` ([N+1, ...]) at the row judging each node ([N, ...])."""

@@ -22,20 +22,34 @@ Trees: the trigger is decided once per row (all children of a node share its log
 the children are tried in draft order; in greedy mode a child equal to t1 is taken before
 a relaxed t2 child, as the paper's rule checks the exact match first.
 
+Entropy gate (``entropy_gate=h``, off by default): relax only where the entropy of the target's
+distribution exceeds h nats as well, the gate of FLy (arXiv 2511.22972); in greedy mode the
+entropy of the temperature-1 distribution.
+
 Not lossless.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
+from mars_bench.settings import OPTIONAL
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_choice, check_theta, register_verifier
+from mars_bench.verification.emission import Emission
 from mars_bench.verification.kernels import Prepared, RowDraws, finish, strict_rejection
-from mars_bench.verification.sampling import probabilities
-from mars_bench.verification.strict import TreeVerifier
+from mars_bench.verification.sampling import SamplingParams, probabilities
+from mars_bench.verification.strict import (
+    GreedyRule,
+    TreeVerifier,
+    accept_then_correct,
+    strict_accept,
+    strict_correction,
+    top2_mask,
+)
 
 GUARDS = ("never", "gap")
 CORRECTIONS = ("residual", "target")
@@ -49,14 +63,21 @@ class MarsParams:
     guard: what happens where z1 <= 0: ``never`` relax, or use the ``gap`` form.
     correction: what a reject at a triggered position emits: a sample from the ``residual``
         or from the ``target`` distribution p.
+    entropy_gate: relax only where the target's entropy exceeds this many nats (None: no gate).
     """
 
     theta: float | None = 0.9
     guard: str = "never"
     correction: str = "residual"
+    entropy_gate: float | None = field(default=None, metadata=OPTIONAL)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", check_theta(self.theta))
+        gate = self.entropy_gate
+        if gate is not None:
+            if isinstance(gate, bool) or not isinstance(gate, (int, float)) or not math.isfinite(gate) or gate < 0:
+                raise ValueError(f"entropy_gate={gate!r} is invalid: allowed is a number >= 0 (nats), or None for no gate")
+            object.__setattr__(self, "entropy_gate", float(gate))
         check_choice("guard", self.guard, GUARDS)
         check_choice("correction", self.correction, CORRECTIONS)
 
@@ -77,25 +98,31 @@ class MarsVerifier(TreeVerifier):
     has_trigger: ClassVar[bool] = True
     params: MarsParams
 
-    def row_trigger(self, prep: Prepared) -> torch.Tensor:
-        """BoolTensor[N+1]: where the margin rule relaxes, per row."""
-        return margin_trigger(prep.rows.z1, prep.rows.z2, self.params.theta, self.params.guard)
+    def row_trigger(self, prep: Prepared, sampling: SamplingParams) -> torch.Tensor:
+        """BoolTensor[N+1]: where the margin rule (and the entropy gate, if set) relaxes, per row."""
+        trigger = margin_trigger(prep.rows.z1, prep.rows.z2, self.params.theta, self.params.guard)
+        if self.params.entropy_gate is None:
+            return trigger
+        unit = SamplingParams(1.0) if sampling.greedy else sampling
+        probs = probabilities(prep.processed, unit)
+        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)
+        return trigger & (entropy > self.params.entropy_gate)
 
-    def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
+    def greedy_rule(self, step: VerifyInput, prep: Prepared) -> GreedyRule:
         top, drafts = prep.nodes, step.draft_tokens
-        row_trigger = self.row_trigger(prep)
+        row_trigger = self.row_trigger(prep, step.sampling)
         is_top1, is_top2 = drafts == top.t1, (drafts == top.t2) & (top.t2 != top.t1)
         relaxed = prep.parent_rows(row_trigger) & is_top2
         accepted = is_top1 | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return finish(accepted, reasons, prep.rows.t1, prep, preferred=is_top1, row_trigger=row_trigger)
+        return GreedyRule(accepted, reasons, preferred=is_top1, row_trigger=row_trigger)
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         top, drafts = prep.nodes, step.draft_tokens
-        row_trigger = self.row_trigger(prep)
+        row_trigger = self.row_trigger(prep, step.sampling)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
-        probs = probabilities(prep.processed, step.sampling)
+        probs = prep.probs
         strict = strict_rejection(probs, drafts, step.draft_dists, prep.layout, generator)
         relaxed = prep.parent_rows(row_trigger) & in_top2 & ~strict.accepted
         accepted = strict.accepted | relaxed
@@ -106,3 +133,20 @@ class MarsVerifier(TreeVerifier):
             # A row with no children has the residual p anyway, so its bonus is unchanged.
             candidates = RowDraws(torch.where(row_trigger[:, None], probs, candidates.weights), generator)
         return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)
+
+    def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
+        """The strict rule's P_V with a(x) = 1 for x in the top 2 of a triggered row, and the
+        correction p there when ``correction="target"``."""
+        row_trigger = self.row_trigger(prep, step.sampling)
+        probs = prep.probs
+        accept = strict_accept(probs, step, prep)
+        if step.draft_dists is None:
+            top, drafts = prep.nodes, step.draft_tokens
+            relaxed = prep.parent_rows(row_trigger) & ((drafts == top.t1) | (drafts == top.t2))
+        else:
+            count = step.num_drafts
+            relaxed = row_trigger[:count, None] & top2_mask(prep, count)
+        correction = strict_correction(probs, step, prep)
+        if self.params.correction == "target" and self.params.theta is not None:
+            correction = torch.where(row_trigger[:, None], probs, correction)
+        return accept_then_correct(step, prep, torch.where(relaxed, 1.0, accept), correction)

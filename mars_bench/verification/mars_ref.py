@@ -33,9 +33,10 @@ from typing import ClassVar
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_theta, register_verifier
+from mars_bench.verification.emission import TINY, Emission, normalised, sequential
 from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, sibling_normalisers
-from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits
-from mars_bench.verification.strict import TreeVerifier
+from mars_bench.verification.sampling import SamplingParams, process_logits
+from mars_bench.verification.strict import TreeVerifier, top2_mask
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class MarsReferenceVerifier(TreeVerifier):
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         top, drafts, layout = prep.nodes, step.draft_tokens, prep.layout
-        probs = probabilities(prep.processed, step.sampling)
+        probs = prep.probs
         row_trigger = reference_trigger(prep.rows.z1, prep.rows.z2, self.params.theta)
         trigger = prep.parent_rows(row_trigger)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
@@ -90,3 +91,35 @@ class MarsReferenceVerifier(TreeVerifier):
         adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs)
         candidates = RowDraws(torch.where(row_trigger[:, None], probs, adjusted), generator)
         return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)
+
+    def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
+        """Deterministic drafts: each child kept with its official-code probability, the correction
+        p (triggered rows) or p lowered by q at the children's tokens. With ``draft_dists`` the
+        lowered coordinate is the sampled token's own, so P_V sums a correction per token:
+        P_V(y) = q(y) a(y) + c p(y) - q(y) (1 - a(y)) m(y) / (1 - m(y)), m = min(p, q),
+        c = sum_x q(x) (1 - a(x)) / (1 - m(x)), where the row is not triggered."""
+        drafts, layout = step.draft_tokens, prep.layout
+        probs = prep.probs
+        row_trigger = reference_trigger(prep.rows.z1, prep.rows.z2, self.params.theta)
+        if step.draft_dists is None:
+            top = prep.nodes
+            q = torch.ones_like(drafts, dtype=probs.dtype) if step.draft_probs is None else step.draft_probs.float()
+            p_draft = at_nodes(probs, drafts, layout)
+            mass = sibling_normalisers(p_draft, q, layout)
+            strict = (p_draft / mass.clamp(min=1e-10) / q.clamp(min=1e-10)).clamp(max=1.0)
+            in_top2 = ((drafts == top.t1) | (drafts == top.t2)).float()
+            accept = torch.where(prep.parent_rows(row_trigger), in_top2, strict)
+            adjusted = probs.index_put((layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
+            correction = torch.where(row_trigger[:, None], probs, normalised(adjusted, probs))
+            return sequential(accept, drafts, correction, layout)
+        count = step.num_drafts
+        proposal, p, trigger = step.draft_dists.float(), probs[:count], row_trigger[:count, None]
+        q_used = proposal if step.draft_probs is not None else torch.ones_like(proposal)
+        accept = torch.where(trigger, top2_mask(prep, count).float(), (p / q_used.clamp(min=1e-10)).clamp(max=1.0))
+        rejected = proposal * (1.0 - accept)
+        lowered = torch.minimum(p, q_used)
+        kept_share = (1.0 - lowered).clamp(min=TINY)
+        untriggered = proposal * accept + p * (rejected / kept_share).sum(-1, keepdim=True) - rejected * lowered / kept_share
+        triggered = proposal * accept + p * rejected.sum(-1, keepdim=True)
+        dist = torch.where(trigger, triggered, untriggered)
+        return Emission(dist, (proposal * accept).sum(-1), layout.judging_rows)

@@ -2,13 +2,71 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, Verifier, VerifyInput, register_verifier
-from mars_bench.verification.kernels import Prepared, finish, input_problems, reasons_from, strict_rejection, top_two, tree_layout
-from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
+from mars_bench.verification.emission import TINY, Emission, greedy_emission, mix, normalised, sequential
+from mars_bench.verification.kernels import (
+    PROBLEMS,
+    Prepared,
+    at_nodes,
+    finish,
+    input_problems,
+    reasons_from,
+    residual_rows,
+    sibling_normalisers,
+    strict_rejection,
+    target_view,
+    tree_layout,
+)
+from mars_bench.verification.sampling import SamplingParams, process_logits, sample_rows
+
+
+@dataclass(frozen=True)
+class GreedyRule:
+    """A greedy rule's decisions: accepted and reasons per node ([N]), the nodes a row's walk takes
+    before their other accepted siblings (``preferred``, or None: draft order) and the rule's
+    trigger per row (None: it has none)."""
+
+    accepted: torch.Tensor
+    reasons: torch.Tensor
+    preferred: torch.Tensor | None = None
+    row_trigger: torch.Tensor | None = None
+
+
+def strict_accept(probs: torch.Tensor, step: VerifyInput, prep: Prepared) -> torch.Tensor:
+    """The strict rule's acceptance probability min(1, p / q): per node ([N]) for deterministic
+    drafts (q one-hot; a tree's sibling is judged on p without the earlier siblings' tokens), per
+    token ([D, V]) for a chain with ``draft_dists``."""
+    if step.draft_dists is None:
+        p_node = at_nodes(probs, step.draft_tokens, prep.layout)
+        mass = sibling_normalisers(p_node, torch.ones_like(p_node), prep.layout)
+        return (p_node / mass.clamp(min=torch.finfo(mass.dtype).tiny)).clamp(max=1.0)
+    return (probs[: step.num_drafts] / step.draft_dists.float().clamp(min=TINY)).clamp(max=1.0)
+
+
+def strict_correction(probs: torch.Tensor, step: VerifyInput, prep: Prepared) -> torch.Tensor:
+    """FloatTensor[N+1, V]: the strict rule's normalised correction per row (its residual)."""
+    return normalised(residual_rows(probs, step.draft_tokens, step.draft_dists, prep.layout), probs)
+
+
+def top2_mask(prep: Prepared, count: int) -> torch.Tensor:
+    """BoolTensor[count, V]: the target's top-2 tokens of the first ``count`` rows."""
+    rows = prep.rows
+    mask = torch.zeros(count, prep.processed.shape[-1], dtype=torch.bool, device=prep.processed.device)
+    mask.scatter_(-1, rows.t1[:count, None], True)
+    return mask.scatter_(-1, rows.t2[:count, None], True)
+
+
+def accept_then_correct(step: VerifyInput, prep: Prepared, accept: torch.Tensor, correction: torch.Tensor) -> Emission:
+    """P_V of a rule that keeps a draft with probability ``accept`` (per node [N] for deterministic
+    drafts, per token [D, V] with ``draft_dists``) and otherwise draws from ``correction`` [N+1, V]."""
+    if step.draft_dists is None:
+        return sequential(accept, step.draft_tokens, correction, prep.layout)
+    count = step.num_drafts
+    return mix(step.draft_dists.float(), accept, correction[:count], prep.layout.judging_rows)
 
 
 class TreeVerifier(Verifier):
@@ -24,30 +82,54 @@ class TreeVerifier(Verifier):
         """Processed float32 logits [..., V] from raw ``logits`` [..., V]: top-k, then top-p."""
         return process_logits(logits, sampling)
 
-    def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
+    def prepare(self, step: VerifyInput) -> tuple[VerifyInput, Prepared]:
+        """Check the step and process its logits once: the common start of ``verify`` and ``emission``."""
         step.check()
         layout = tree_layout(tuple(step.parents.tolist()), str(step.target_logits.device))
         if step.draft_dists is not None and not layout.chain:
             raise ValueError(
                 "draft_dists with a tree of drafts is not supported: tree drafters propose deterministically (draft_dists=None)"
             )
-        problems = input_problems(step, layout)
+        view = target_view(step.target_logits, step.sampling, self.process, type(self).process)
+        problems = input_problems(step, layout, view.raw_max)
         # Out-of-range drafts are reported by ``finish``; clamping keeps the gathers before it valid.
         step = replace(step, draft_tokens=step.draft_tokens.clamp(0, step.target_logits.shape[-1] - 1))
-        processed = self.process(step.target_logits, step.sampling)  # [N+1, V]
-        rows = top_two(processed)
-        prep = Prepared(processed, rows, rows.at(layout.parent_rows), layout, problems)
+        rows = view.rows
+        return step, Prepared(view.processed, rows, rows.at(layout.parent_rows), layout, problems, view)
+
+    def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
+        step, prep = self.prepare(step)
         if step.sampling.greedy:
             return self.greedy(step, prep)
         return self.sampled(step, prep, generator)
 
-    def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
-        """Keep drafts equal to the target's top token, emit the top token after them (no relaxation,
-        so a verifier with a trigger reports it fired nowhere)."""
-        choices = prep.rows.t1
+    def emission(self, step: VerifyInput) -> Emission:
+        """The exact distribution P_V of the token emitted at every row that judges drafts, and the
+        probability alpha_V that a draft is kept there (see ``emission.py``), under this rule and its
+        settings. A row is judged as if the walk reached it. Raises ValueError on invalid input."""
+        step, prep = self.prepare(step)
+        if bool(prep.problems.any()):
+            failed = [problem for problem, flag in zip(PROBLEMS, prep.problems.tolist()) if flag]
+            raise ValueError("invalid verifier input: " + "; ".join(failed))
+        if step.sampling.greedy:
+            rule = self.greedy_rule(step, prep)
+            vocab = prep.processed.shape[-1]
+            return greedy_emission(rule.accepted, step.draft_tokens, prep.rows.t1, prep.layout, vocab, rule.preferred)
+        return self.sampled_emission(step, prep)
+
+    def greedy_rule(self, step: VerifyInput, prep: Prepared) -> GreedyRule:
+        """Keep drafts equal to the target's top token (no relaxation, so a verifier with a trigger
+        reports it fired nowhere). Every greedy rule emits the top token after its last kept draft."""
         accepted = step.draft_tokens == prep.nodes.t1
-        no_trigger = torch.zeros_like(choices, dtype=torch.bool) if self.has_trigger else None
-        return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep, row_trigger=no_trigger)
+        no_trigger = torch.zeros_like(prep.rows.t1, dtype=torch.bool) if self.has_trigger else None
+        return GreedyRule(accepted, reasons_from(accepted, Reason.EXACT), row_trigger=no_trigger)
+
+    def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
+        rule = self.greedy_rule(step, prep)
+        return finish(rule.accepted, rule.reasons, prep.rows.t1, prep, preferred=rule.preferred, row_trigger=rule.row_trigger)
+
+    def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
+        raise NotImplementedError(f"verifier {self.name} has no exact emission distribution in sampling mode")
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         raise NotImplementedError
@@ -67,9 +149,20 @@ class ExactVerifier(TreeVerifier):
     lossless = True
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        choices = sample_rows(probabilities(prep.processed, step.sampling), generator)
+        choices = sample_rows(prep.probs, generator)
         accepted = step.draft_tokens == prep.parent_rows(choices)
         return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
+
+    def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
+        """A draft is kept when the target's sample equals it, so a rejected x leaves p without x:
+        with deterministic drafts that is the strict rule with q one-hot; with ``draft_dists`` the
+        rejections of every x add up to p(y) (1 - q(y))."""
+        probs = prep.probs
+        if step.draft_dists is None:
+            return accept_then_correct(step, prep, strict_accept(probs, step, prep), strict_correction(probs, step, prep))
+        count, proposal = step.num_drafts, step.draft_dists.float()
+        kept = proposal * probs[:count]
+        return Emission(kept + probs[:count] * (1.0 - proposal), kept.sum(-1), prep.layout.judging_rows)
 
 
 @register_verifier("rejection")
@@ -87,6 +180,10 @@ class RejectionVerifier(TreeVerifier):
     lossless = True
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        probs = probabilities(prep.processed, step.sampling)
+        probs = prep.probs
         strict = strict_rejection(probs, step.draft_tokens, step.draft_dists, prep.layout, generator)
         return finish(strict.accepted, reasons_from(strict.accepted, Reason.SAMPLED), strict.candidates, prep)
+
+    def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
+        probs = prep.probs
+        return accept_then_correct(step, prep, strict_accept(probs, step, prep), strict_correction(probs, step, prep))

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_unit_interval, register_verifier
+from mars_bench.verification.emission import Emission
 from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, reasons_from
-from mars_bench.verification.sampling import probabilities
-from mars_bench.verification.strict import TreeVerifier
+from mars_bench.verification.strict import TreeVerifier, accept_then_correct
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,24 @@ class TypicalVerifier(TreeVerifier):
     lossless = False
     params: TypicalParams
 
+    def threshold(self, probs: torch.Tensor) -> torch.Tensor:
+        """FloatTensor[R]: min(epsilon, delta * exp(-H(p))) per row of p [R, V]."""
+        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)
+        return torch.minimum(torch.full_like(entropy, self.params.epsilon), self.params.delta * torch.exp(-entropy))
+
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
         top, drafts = prep.nodes, step.draft_tokens
-        probs = probabilities(prep.processed, step.sampling)
-        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)
-        threshold = torch.minimum(torch.full_like(entropy, self.params.epsilon), self.params.delta * torch.exp(-entropy))
-        accepted = at_nodes(probs, drafts, prep.layout) > prep.parent_rows(threshold)
+        probs = prep.probs
+        accepted = at_nodes(probs, drafts, prep.layout) > prep.parent_rows(self.threshold(probs))
         accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
         return finish(accepted, reasons_from(accepted, accept_reason), RowDraws(probs, generator), prep)
+
+    def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
+        probs = prep.probs
+        threshold = self.threshold(probs)
+        if step.draft_dists is None:
+            accept = at_nodes(probs, step.draft_tokens, prep.layout) > prep.parent_rows(threshold)
+        else:
+            count = step.num_drafts
+            accept = probs[:count] > threshold[:count, None]
+        return accept_then_correct(step, prep, accept.float(), probs)
