@@ -11,6 +11,7 @@ allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -30,6 +31,7 @@ __all__ = [
     "VerifyInput",
     "available_verifiers",
     "check_choice",
+    "check_range",
     "check_theta",
     "check_unit_interval",
     "get_verifier",
@@ -150,6 +152,14 @@ def check_unit_interval(option: str, value: object) -> float:
     return float(value)
 
 
+def check_range(option: str, value: object, low: float, high: float, allowed: str) -> float:
+    """``value`` must be a finite number in [low, high] (``allowed`` says so in words); returns it as a float."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{option}={value!r} is invalid: allowed is {allowed}")
+    return float(value)
+
+
 def check_choice(option: str, value: object, allowed: tuple[str, ...]) -> str:
     """``value`` must be one of ``allowed``."""
     if value not in allowed:
@@ -179,6 +189,11 @@ class Verifier:
 
     def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
         raise NotImplementedError
+
+    def emission(self, step: VerifyInput) -> Any:
+        """The exact distribution of the emitted token per judging row (``emission.Emission``), which
+        ``fidelity=true`` needs; every shipped verifier has one (``TreeVerifier``)."""
+        raise NotImplementedError(f"verifier {self.name} does not state its emission distribution (needed by fidelity=true)")
 
     def describe(self) -> dict[str, object]:
         """The verifier's name and settings, for records and manifests (an ``OPTIONAL`` setting only

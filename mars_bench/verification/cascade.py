@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mars_bench.verification.base import VerifyInput, check_choice, register_verifier
+from mars_bench.verification.base import VerifyInput, check_choice, check_range, register_verifier
 from mars_bench.verification.chain_rule import ChainRows, ChainRule, RowRule, total_variation, toward
 from mars_bench.verification.kernels import Prepared
 from mars_bench.verification.strict import GreedyRule
@@ -41,13 +41,9 @@ class CascadeParams:
 
     def __post_init__(self) -> None:
         check_choice("rule", self.rule, RULES)
-        low = LOWEST_ALPHA[self.rule]
-        high = 1.0 if self.rule == "chow" else math.inf
-        valid = isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and math.isfinite(self.alpha)
-        if not valid or not low <= self.alpha <= high:
-            allowed = "a number in [0, 1]" if self.rule == "chow" else "a finite number >= -1"
-            raise ValueError(f"alpha={self.alpha!r} is invalid for rule={self.rule}: allowed is {allowed}")
-        object.__setattr__(self, "alpha", float(self.alpha))
+        high, allowed = (1.0, "a number in [0, 1]") if self.rule == "chow" else (math.inf, "a finite number >= -1")
+        alpha = check_range("alpha", self.alpha, LOWEST_ALPHA[self.rule], high, f"{allowed} for rule={self.rule}")
+        object.__setattr__(self, "alpha", alpha)
 
 
 @register_verifier("cascade", params=CascadeParams)

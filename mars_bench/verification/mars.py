@@ -38,7 +38,15 @@ from typing import ClassVar
 import torch
 
 from mars_bench.settings import OPTIONAL
-from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_choice, check_theta, register_verifier
+from mars_bench.verification.base import (
+    Reason,
+    Verdict,
+    VerifyInput,
+    check_choice,
+    check_range,
+    check_theta,
+    register_verifier,
+)
 from mars_bench.verification.emission import Emission
 from mars_bench.verification.kernels import Prepared, RowDraws, finish, strict_rejection
 from mars_bench.verification.sampling import SamplingParams, probabilities
@@ -73,11 +81,9 @@ class MarsParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", check_theta(self.theta))
-        gate = self.entropy_gate
-        if gate is not None:
-            if isinstance(gate, bool) or not isinstance(gate, (int, float)) or not math.isfinite(gate) or gate < 0:
-                raise ValueError(f"entropy_gate={gate!r} is invalid: allowed is a number >= 0 (nats), or None for no gate")
-            object.__setattr__(self, "entropy_gate", float(gate))
+        if self.entropy_gate is not None:
+            allowed = "a number >= 0 (nats), or None for no gate"
+            object.__setattr__(self, "entropy_gate", check_range("entropy_gate", self.entropy_gate, 0.0, math.inf, allowed))
         check_choice("guard", self.guard, GUARDS)
         check_choice("correction", self.correction, CORRECTIONS)
 

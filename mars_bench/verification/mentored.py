@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mars_bench.verification.base import VerifyInput, register_verifier
+from mars_bench.verification.base import VerifyInput, check_range, register_verifier
 from mars_bench.verification.chain_rule import ChainRows, ChainRule, RowRule, toward
 from mars_bench.verification.kernels import Prepared
 from mars_bench.verification.strict import GreedyRule
@@ -33,10 +33,8 @@ class MentoredParams:
     kl_budget: float = 0.05
 
     def __post_init__(self) -> None:
-        valid = isinstance(self.kl_budget, (int, float)) and not isinstance(self.kl_budget, bool)
-        if not valid or not math.isfinite(self.kl_budget) or self.kl_budget < 0:
-            raise ValueError(f"kl_budget={self.kl_budget!r} is invalid: allowed is a finite number >= 0 (nats)")
-        object.__setattr__(self, "kl_budget", float(self.kl_budget))
+        budget = check_range("kl_budget", self.kl_budget, 0.0, math.inf, "a finite number >= 0 (nats)")
+        object.__setattr__(self, "kl_budget", budget)
 
 
 def xlogx(value: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,11 @@ mode). Chains only. Not lossless.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from mars_bench.verification.base import VerifyInput, register_verifier
+from mars_bench.verification.base import VerifyInput, check_range, register_verifier
 from mars_bench.verification.chain_rule import ChainRows, ChainRule, RowRule, total_variation, toward
 from mars_bench.verification.kernels import Prepared
 from mars_bench.verification.strict import GreedyRule
@@ -28,10 +27,7 @@ class TvBudgetParams:
     eps: float = 0.1
 
     def __post_init__(self) -> None:
-        valid = isinstance(self.eps, (int, float)) and not isinstance(self.eps, bool) and math.isfinite(self.eps)
-        if not valid or not 0 <= self.eps <= 1:
-            raise ValueError(f"eps={self.eps!r} is invalid: allowed is a number in [0, 1] (0 = the strict rule)")
-        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "eps", check_range("eps", self.eps, 0.0, 1.0, "a number in [0, 1] (0 = the strict rule)"))
 
 
 @register_verifier("tv_budget", params=TvBudgetParams)
