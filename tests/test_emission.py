@@ -13,13 +13,13 @@ judging row and the probability alpha_V that it keeps a draft there; this file h
 
 Every verifier is judged under settings that make its relaxation fire on these inputs
 (``LOSSY``; ``test_the_lossy_settings_are_lossy_on_the_empirical_cases`` checks they do), so the
-empirical test compares the rule's relaxed branch, not only its strict one. A verifier listed
-here but not registered yet is skipped; a registered one missing here fails.
+empirical test compares the rule's relaxed branch, not only its strict one. ``LOSSY`` names
+exactly the registered verifiers; the tree cases run for the rules that judge trees, and the
+others are held to refusing trees.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 
 import pytest
@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from mars_bench.verification import VerifyInput, available_verifiers, get_verifier, verifier_settings
+from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
 from mars_bench.verification.emission import Emission, fidelity, proposal_rows
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits
 
@@ -48,7 +48,6 @@ LOSSY: dict[str, dict | list[dict]] = {
     "mentored": {"kl_budget": 0.05},
     "tv_budget": {"eps": 0.1},
 }
-PENDING_OPTIONS = {("mars", "entropy_gate")}  # options not in their verifier's settings yet: skip until they are
 # Rules whose P_V is p itself: "mars_ref" is not among them even at theta=None, since its strict
 # test divides by the drafter's draft_probs.
 LOSSLESS = [("exact", {}), ("rejection", {}), ("mars", {"theta": None})]
@@ -81,34 +80,27 @@ def label(name: str, options: dict) -> str:
 
 def same_settings(first: tuple[str, dict], second: tuple[str, dict]) -> bool:
     """Whether two (name, options) pairs build the same verifier (unset options at their defaults)."""
-    if first[0] != second[0] or first[0] not in available_verifiers():
-        return first == second
-    try:
-        return get_verifier(first[0], **first[1]).params == get_verifier(second[0], **second[1]).params
-    except ValueError:  # an option not added yet
-        return first == second
+    return first[0] == second[0] and get_verifier(first[0], **first[1]).params == get_verifier(second[0], **second[1]).params
 
 
-def configs(extra: list[tuple[str, dict]] = ()) -> list:
-    """pytest params (name, options) for every verifier in ``LOSSY`` or registered, plus ``extra``
-    (each verifier setting once)."""
-    pairs = [
-        (name, options) for name in sorted(set(LOSSY) | set(available_verifiers())) for options in as_list(LOSSY.get(name, {}))
-    ]
+def judges_trees(name: str) -> bool:
+    return not get_verifier(name).chains_only
+
+
+def configs(extra: list[tuple[str, dict]] = (), trees: bool = False, lossy: bool = False) -> list:
+    """pytest params (name, options) for every registered verifier's settings in ``LOSSY``, plus
+    ``extra`` (each verifier setting once); ``trees``: only verifiers that judge trees; ``lossy``:
+    only lossy verifiers."""
+    pairs = [(name, options) for name in available_verifiers() for options in as_list(LOSSY[name])]
     for pair in extra:
         if not any(same_settings(pair, known) for known in pairs):
             pairs.append(pair)
+    pairs = [(name, options) for name, options in pairs if judges_trees(name) or not trees]
+    pairs = [(name, options) for name, options in pairs if not (lossy and get_verifier(name, **options).lossless)]
     return [pytest.param(name, options, id=label(name, options)) for name, options in pairs]
 
 
 def build(name: str, options: dict):
-    """The verifier, or a skip when it (or one of its options) has not been added yet."""
-    if name not in available_verifiers():
-        pytest.skip(f"verifier {name} is not registered yet")
-    fields = {field.name for field in dataclasses.fields(verifier_settings(name))}
-    pending = [key for key in options if key not in fields and (name, key) in PENDING_OPTIONS]
-    if pending:
-        pytest.skip(f"verifier {name} has no option {', '.join(pending)} yet")
     return get_verifier(name, **options)
 
 
@@ -226,18 +218,6 @@ def root_tree() -> Case:
 CASES = {"sampled-chain": sampled_chain, "deterministic-chain-top-k": deterministic_chain, "tree": root_tree}
 
 
-def case_emission(verifier, case: Case) -> Emission:
-    """The case's emission; a skip where the verifier refuses trees (``verify`` must refuse too)."""
-    try:
-        return verifier.emission(case.step)
-    except ValueError as error:
-        if case.step.parents.tolist() == list(range(-1, case.step.num_drafts - 1)):
-            raise
-        with pytest.raises(ValueError):
-            verifier.verify(case.step, generator=torch.Generator().manual_seed(0))
-        pytest.skip(f"{verifier.name} refuses trees: {error}")
-
-
 @dataclass
 class Tally:
     """What ``verify`` did over many runs, per judging row: the tokens emitted there, the walks that
@@ -296,7 +276,8 @@ def empirical_params() -> list:
     for param in configs():
         name, options = param.values
         first = options == as_list(LOSSY.get(name, {}))[0]
-        for case in CASES if first else ["sampled-chain"]:
+        cases = [case for case in CASES if case != "tree" or judges_trees(name)] if first else ["sampled-chain"]
+        for case in cases:
             params.append(pytest.param(name, options, case, id=f"{param.id}-{case}"))
     return params
 
@@ -305,7 +286,7 @@ def empirical_params() -> list:
 def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, case):
     verifier = build(name, options)
     case_data = CASES[case]()
-    emission = case_emission(verifier, case_data)
+    emission = verifier.emission(case_data.step)
     draws = DRAWS if case != "deterministic-chain-top-k" else DRAWS // 2  # its rows are the tree's, one child each
     generator = torch.Generator().manual_seed(sum(map(ord, label(name, options) + case)))
     tally = run_verify(verifier, case_data, emission.rows.tolist(), draws, generator)
@@ -324,19 +305,15 @@ def test_the_empirical_check_tells_one_rule_from_another():
     assert len(mismatches(emission, tally, 2_000)) >= 2  # both the tokens and the keep rate at row 0
 
 
-@pytest.mark.parametrize(("name", "options"), configs())
+@pytest.mark.parametrize(("name", "options"), configs(lossy=True))
 def test_the_lossy_settings_are_lossy_on_the_empirical_cases(name, options):
     """Otherwise the empirical test would compare only the rule's strict branch."""
     verifier = build(name, options)
-    if verifier.lossless:
-        pytest.skip(f"{name} is lossless")
     for case, make in CASES.items():
-        case_data = make()
-        try:
-            emission = verifier.emission(case_data.step)
-        except ValueError:
-            assert case == "tree"  # a chains-only rule
+        if case == "tree" and verifier.chains_only:
             continue
+        case_data = make()
+        emission = verifier.emission(case_data.step)
         tv = cost(verifier, case_data.step, emission).tv
         assert float(tv.max()) > 0.02, f"{label(name, options)} emits p itself on the {case} case: TV per row {tv.tolist()}"
 
@@ -366,22 +343,21 @@ def greedy_step(seed: int, parents: list[int], vocab: int = 6) -> VerifyInput:
     return VerifyInput(torch.tensor(tokens), torch.tensor(parents), logits, SamplingParams(), draft_probs=probs)
 
 
-@pytest.mark.parametrize("shape", list(GREEDY_SHAPES))
-@pytest.mark.parametrize(("name", "options"), configs(LOSSLESS))
+def greedy_params() -> list:
+    """(name, options, shape): every setting on a chain, those of rules that judge trees on the trees too."""
+    return [pytest.param(*param.values, shape, id=f"{param.id}-{shape}")
+            for param in configs(LOSSLESS) for shape in GREEDY_SHAPES
+            if shape == "chain" or judges_trees(param.values[0])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "options", "shape"), greedy_params())
 def test_greedy_emission_is_one_hot_at_the_emitted_token(name, options, shape):
     verifier = build(name, options)
     parents = GREEDY_SHAPES[shape]
     kept_somewhere = False
     for seed in range(40):
         step = greedy_step(seed, parents)
-        try:
-            emission = verifier.emission(step)
-        except ValueError as error:
-            if shape == "chain":
-                raise
-            with pytest.raises(ValueError):
-                verifier.verify(step)
-            pytest.skip(f"{name} refuses trees: {error}")
+        emission = verifier.emission(step)
         assert ((emission.dist == 0) | (emission.dist == 1)).all() and (emission.dist.sum(-1) == 1).all(), emission.dist
         assert ((emission.accept == 0) | (emission.accept == 1)).all(), emission.accept
         rows = emission.rows.tolist()
@@ -567,4 +543,14 @@ def test_mentored_stays_within_its_kl_budget_for_a_nearly_impossible_draft(budge
 
 
 def test_every_registered_verifier_has_lossy_settings_here():
-    assert set(available_verifiers()) <= set(LOSSY), "add settings under which the new verifier's relaxation fires"
+    assert set(available_verifiers()) == set(LOSSY), "add settings under which the new verifier's relaxation fires"
+
+
+@pytest.mark.parametrize("name", [name for name in available_verifiers() if not judges_trees(name)])
+def test_a_chains_only_rule_refuses_a_tree_in_verify_and_in_emission(name):
+    verifier = get_verifier(name)
+    for step in (root_tree().step, greedy_step(0, GREEDY_SHAPES["mixed-tree"])):  # sampled, greedy
+        with pytest.raises(ValueError, match=f"^verifier {name} judges chains only"):
+            verifier.emission(step)
+        with pytest.raises(ValueError, match=f"^verifier {name} judges chains only"):
+            verifier.verify(step)

@@ -113,15 +113,14 @@ PROBLEMS = (
 )
 
 
-def input_problems(step: VerifyInput, layout: TreeLayout, row_max: torch.Tensor | None = None) -> torch.Tensor:
+def input_problems(step: VerifyInput, layout: TreeLayout, row_max: torch.Tensor) -> torch.Tensor:
     """BoolTensor[len(PROBLEMS)] on the device: which input checks fail (no host sync).
 
-    The three logits checks read one row maximum (``row_max``: the raw logits' [N+1], computed
-    here when not given): max propagates NaN, is +inf where any entry is, and is -inf only where
-    no entry is finite.
+    The three logits checks read one row maximum (``row_max``: the raw logits' [N+1],
+    ``TargetView.raw_max``): max propagates NaN, is +inf where any entry is, and is -inf only
+    where no entry is finite.
     """
     logits, drafts = step.target_logits, step.draft_tokens
-    row_max = logits.max(dim=-1).values if row_max is None else row_max
     none = torch.zeros((), dtype=torch.bool, device=logits.device)
     flags = [
         torch.isnan(row_max).any(),
@@ -183,6 +182,13 @@ def version_of(tensor: torch.Tensor) -> int:
         return tensor._version
     except RuntimeError:  # inference tensors do not track a version
         return -1
+
+
+def raise_on_problems(flags: list) -> None:
+    """ValueError, in one line naming every failed check, where a flag of ``input_problems`` is set."""
+    failed = [problem for problem, flag in zip(PROBLEMS, flags) if flag]
+    if failed:
+        raise ValueError("invalid verifier input: " + "; ".join(failed))
 
 
 @dataclass(frozen=True)
@@ -362,9 +368,7 @@ def finish(
         parts.append(row_trigger)
     packed = torch.cat([part.double() for part in parts]).cpu()
     emitted, on_path, reasons, z1, z2, problems, *trigger = packed.split([part.numel() for part in parts])
-    failed = [problem for problem, flag in zip(PROBLEMS, problems.tolist()) if flag]
-    if failed:
-        raise ValueError("invalid verifier input: " + "; ".join(failed))
+    raise_on_problems(problems.tolist())
     next_token = int(emitted[0])
     path = sorted(torch.nonzero(on_path).flatten().tolist(), key=lambda node: layout.depths[node])
     stop = path[-1] + 1 if path else 0

@@ -145,14 +145,14 @@ class MarsVerifier(TreeVerifier):
         correction p there when ``correction="target"``."""
         row_trigger = self.row_trigger(prep, step.sampling)
         probs = prep.probs
-        accept = strict_accept(probs, step, prep)
+        accept = strict_accept(step, prep)
         if step.draft_dists is None:
             top, drafts = prep.nodes, step.draft_tokens
             relaxed = prep.parent_rows(row_trigger) & ((drafts == top.t1) | (drafts == top.t2))
         else:
             count = step.num_drafts
             relaxed = row_trigger[:count, None] & top2_mask(prep, count)
-        correction = strict_correction(probs, step, prep)
+        correction = strict_correction(step, prep)
         if self.params.correction == "target" and self.params.theta is not None:
             correction = torch.where(row_trigger[:, None], probs, correction)
         return accept_then_correct(step, prep, torch.where(relaxed, 1.0, accept), correction)

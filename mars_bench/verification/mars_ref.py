@@ -57,6 +57,18 @@ def reference_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None) -
     return (z2.double() / (z1.double() + 1e-10)) > theta
 
 
+@dataclass(frozen=True)
+class OfficialNodes:
+    """Per row, the official trigger ([N+1]); per node, whether its token is in the row's top 2,
+    the official strict ratio p / mass / q ([N]; kept when a uniform is <= it), and p with every
+    node's token lowered by q * mass ([N+1, V], unnormalised: the correction after a rejection)."""
+
+    row_trigger: torch.Tensor
+    in_top2: torch.Tensor
+    ratio: torch.Tensor
+    lowered: torch.Tensor
+
+
 @register_verifier("mars_ref", params=MarsRefParams)
 class MarsReferenceVerifier(TreeVerifier):
     __doc__ = __doc__
@@ -68,29 +80,37 @@ class MarsReferenceVerifier(TreeVerifier):
         """Processed float32 logits [..., V]: top-p, then top-k, as the official code."""
         return process_logits(logits, sampling, order="top_p_first")
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        top, drafts, layout = prep.nodes, step.draft_tokens, prep.layout
-        probs = prep.probs
-        row_trigger = reference_trigger(prep.rows.z1, prep.rows.z2, self.params.theta)
-        trigger = prep.parent_rows(row_trigger)
-        in_top2 = (drafts == top.t1) | (drafts == top.t2)
+    def official_nodes(self, step: VerifyInput, prep: Prepared) -> OfficialNodes:
+        """The official code's per-node quantities of deterministic drafts (and of a chain's drafted tokens)."""
+        drafts, top, probs = step.draft_tokens, prep.nodes, prep.probs
         q = torch.ones_like(drafts, dtype=probs.dtype) if step.draft_probs is None else step.draft_probs.float()
         p_draft = at_nodes(probs, drafts, prep.layout)
-        mass = sibling_normalisers(p_draft, q, layout)
+        mass = sibling_normalisers(p_draft, q, prep.layout)
+        adjusted = probs.index_put((prep.layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
+        return OfficialNodes(
+            row_trigger=reference_trigger(prep.rows.z1, prep.rows.z2, self.params.theta),
+            in_top2=(drafts == top.t1) | (drafts == top.t2),
+            ratio=p_draft / mass.clamp(min=1e-10) / q.clamp(min=1e-10),
+            lowered=adjusted,
+        )
+
+    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+        drafts, probs = step.draft_tokens, prep.probs
+        nodes = self.official_nodes(step, prep)
+        trigger = prep.parent_rows(nodes.row_trigger)
         uniforms = torch.rand(drafts.shape[0], generator=generator, device=probs.device)
-        strict_accept = uniforms <= p_draft / mass.clamp(min=1e-10) / q.clamp(min=1e-10)
-        accepted = torch.where(trigger, in_top2, strict_accept)
+        strict_accept = uniforms <= nodes.ratio
+        accepted = torch.where(trigger, nodes.in_top2, strict_accept)
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
-        relaxed_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
+        relaxed_reason = torch.where(drafts == prep.nodes.t1, int(Reason.EXACT), int(Reason.RELAXED))
         reasons = torch.where(
             trigger,
-            torch.where(in_top2, relaxed_reason, rejected),
+            torch.where(nodes.in_top2, relaxed_reason, rejected),
             torch.where(strict_accept, int(Reason.SAMPLED), rejected),
         )
-        adjusted = probs.index_put((layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
-        adjusted = torch.where(adjusted.sum(-1, keepdim=True) > 0, adjusted, probs)
-        candidates = RowDraws(torch.where(row_trigger[:, None], probs, adjusted), generator)
-        return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)
+        adjusted = torch.where(nodes.lowered.sum(-1, keepdim=True) > 0, nodes.lowered, probs)
+        candidates = RowDraws(torch.where(nodes.row_trigger[:, None], probs, adjusted), generator)
+        return finish(accepted, reasons, candidates, prep, row_trigger=nodes.row_trigger)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         """Deterministic drafts: each child kept with its official-code probability, the correction
@@ -98,19 +118,12 @@ class MarsReferenceVerifier(TreeVerifier):
         lowered coordinate is the sampled token's own, so P_V sums a correction per token:
         P_V(y) = q(y) a(y) + c p(y) - q(y) (1 - a(y)) m(y) / (1 - m(y)), m = min(p, q),
         c = sum_x q(x) (1 - a(x)) / (1 - m(x)), where the row is not triggered."""
-        drafts, layout = step.draft_tokens, prep.layout
-        probs = prep.probs
+        drafts, layout, probs = step.draft_tokens, prep.layout, prep.probs
         row_trigger = reference_trigger(prep.rows.z1, prep.rows.z2, self.params.theta)
         if step.draft_dists is None:
-            top = prep.nodes
-            q = torch.ones_like(drafts, dtype=probs.dtype) if step.draft_probs is None else step.draft_probs.float()
-            p_draft = at_nodes(probs, drafts, layout)
-            mass = sibling_normalisers(p_draft, q, layout)
-            strict = (p_draft / mass.clamp(min=1e-10) / q.clamp(min=1e-10)).clamp(max=1.0)
-            in_top2 = ((drafts == top.t1) | (drafts == top.t2)).float()
-            accept = torch.where(prep.parent_rows(row_trigger), in_top2, strict)
-            adjusted = probs.index_put((layout.parent_rows, drafts), (p_draft - q * mass).clamp(min=0.0))
-            correction = torch.where(row_trigger[:, None], probs, normalised(adjusted, probs))
+            nodes = self.official_nodes(step, prep)
+            accept = torch.where(prep.parent_rows(row_trigger), nodes.in_top2.float(), nodes.ratio.clamp(max=1.0))
+            correction = torch.where(row_trigger[:, None], probs, normalised(nodes.lowered, probs))
             return sequential(accept, drafts, correction, layout)
         count = step.num_drafts
         proposal, p, trigger = step.draft_dists.float(), probs[:count], row_trigger[:count, None]

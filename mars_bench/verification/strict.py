@@ -9,11 +9,11 @@ import torch
 from mars_bench.verification.base import Reason, Verdict, Verifier, VerifyInput, register_verifier
 from mars_bench.verification.emission import TINY, Emission, greedy_emission, mix, normalised, sequential
 from mars_bench.verification.kernels import (
-    PROBLEMS,
     Prepared,
     at_nodes,
     finish,
     input_problems,
+    raise_on_problems,
     reasons_from,
     residual_rows,
     sibling_normalisers,
@@ -36,10 +36,11 @@ class GreedyRule:
     row_trigger: torch.Tensor | None = None
 
 
-def strict_accept(probs: torch.Tensor, step: VerifyInput, prep: Prepared) -> torch.Tensor:
+def strict_accept(step: VerifyInput, prep: Prepared) -> torch.Tensor:
     """The strict rule's acceptance probability min(1, p / q): per node ([N]) for deterministic
     drafts (q one-hot; a tree's sibling is judged on p without the earlier siblings' tokens), per
     token ([D, V]) for a chain with ``draft_dists``."""
+    probs = prep.probs
     if step.draft_dists is None:
         p_node = at_nodes(probs, step.draft_tokens, prep.layout)
         mass = sibling_normalisers(p_node, torch.ones_like(p_node), prep.layout)
@@ -47,9 +48,9 @@ def strict_accept(probs: torch.Tensor, step: VerifyInput, prep: Prepared) -> tor
     return (probs[: step.num_drafts] / step.draft_dists.float().clamp(min=TINY)).clamp(max=1.0)
 
 
-def strict_correction(probs: torch.Tensor, step: VerifyInput, prep: Prepared) -> torch.Tensor:
+def strict_correction(step: VerifyInput, prep: Prepared) -> torch.Tensor:
     """FloatTensor[N+1, V]: the strict rule's normalised correction per row (its residual)."""
-    return normalised(residual_rows(probs, step.draft_tokens, step.draft_dists, prep.layout), probs)
+    return normalised(residual_rows(prep.probs, step.draft_tokens, step.draft_dists, prep.layout), prep.probs)
 
 
 def top2_mask(prep: Prepared, count: int) -> torch.Tensor:
@@ -108,9 +109,7 @@ class TreeVerifier(Verifier):
         probability alpha_V that a draft is kept there (see ``emission.py``), under this rule and its
         settings. A row is judged as if the walk reached it. Raises ValueError on invalid input."""
         step, prep = self.prepare(step)
-        if bool(prep.problems.any()):
-            failed = [problem for problem, flag in zip(PROBLEMS, prep.problems.tolist()) if flag]
-            raise ValueError("invalid verifier input: " + "; ".join(failed))
+        raise_on_problems(prep.problems.tolist())
         if step.sampling.greedy:
             rule = self.greedy_rule(step, prep)
             vocab = prep.processed.shape[-1]
@@ -159,7 +158,7 @@ class ExactVerifier(TreeVerifier):
         rejections of every x add up to p(y) (1 - q(y))."""
         probs = prep.probs
         if step.draft_dists is None:
-            return accept_then_correct(step, prep, strict_accept(probs, step, prep), strict_correction(probs, step, prep))
+            return accept_then_correct(step, prep, strict_accept(step, prep), strict_correction(step, prep))
         count, proposal = step.num_drafts, step.draft_dists.float()
         kept = proposal * probs[:count]
         return Emission(kept + probs[:count] * (1.0 - proposal), kept.sum(-1), prep.layout.judging_rows)
@@ -180,10 +179,8 @@ class RejectionVerifier(TreeVerifier):
     lossless = True
 
     def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        probs = prep.probs
-        strict = strict_rejection(probs, step.draft_tokens, step.draft_dists, prep.layout, generator)
+        strict = strict_rejection(prep.probs, step.draft_tokens, step.draft_dists, prep.layout, generator)
         return finish(strict.accepted, reasons_from(strict.accepted, Reason.SAMPLED), strict.candidates, prep)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
-        probs = prep.probs
-        return accept_then_correct(step, prep, strict_accept(probs, step, prep), strict_correction(probs, step, prep))
+        return accept_then_correct(step, prep, strict_accept(step, prep), strict_correction(step, prep))
