@@ -93,11 +93,15 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def write_all(frame: pd.DataFrame, out: Path) -> Report:
+def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -> Report:
+    """Every artefact the records support; ``include_disturbed``: the speedups count rows whose timing
+    other processes disturbed (the records keep their flag)."""
     report = Report(out)
     write_parquet(frame, out / "records.parquet")
     runs = frame["run_dir"].nunique()
     report.lines.append(f"- [records.parquet](records.parquet): all {len(frame)} records, gathered from {runs} run folders.")
+    if include_disturbed:
+        frame = frame.assign(disturbed=False)
     try:
         summary = method_summary(frame)
     except NotEnoughData as reason:
@@ -183,10 +187,25 @@ def portable_command(folders: list[str], out: Path) -> str:
     return f"python -m {__package__ or 'analysis'} {' '.join(named)} --out {out_name}"
 
 
+def disturbed_line(frame: pd.DataFrame, included: bool) -> str | None:
+    """What the index says about rows timed while other processes used the machine, if there were any."""
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    count = int(ok["disturbed"].fillna(False).astype(bool).sum())
+    if not count:
+        return None
+    print(f"analysis: {count} rows were timed while other processes used the machine", file=sys.stderr)
+    treatment = "counted in the speedups (--include-disturbed)" if included else (
+        "left out of the speedups, with the rows paired with them (--include-disturbed counts them)"
+    )  # fmt: skip
+    return f"{count} of {len(ok)} rows were timed while other processes used the machine (`disturbed`): {treatment}."
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__package__ or 'analysis'}", description=__doc__)
     parser.add_argument("folders", nargs="+", help="run or sweep folders (searched recursively for records.jsonl)")
     parser.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
+    parser.add_argument("--include-disturbed", action="store_true",
+                        help="count rows timed while other processes used the machine in the speedups")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         frame = gather(args.folders)
@@ -195,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = write_all(frame, out)
-    index = ["# Analysis", "", f"Made by `{portable_command(args.folders, out)}`.", "", *report.lines]
+    disturbed = disturbed_line(frame, args.include_disturbed)
+    report = write_all(frame, out, args.include_disturbed)
+    command = portable_command(args.folders, out) + (" --include-disturbed" if args.include_disturbed else "")
+    index = ["# Analysis", "", f"Made by `{command}`.", "", *([disturbed, ""] if disturbed else []), *report.lines]
     if report.skipped:
         index += ["", "Not made from these records:", "", *report.skipped]
     (out / "index.md").write_text("\n".join(index) + "\n")

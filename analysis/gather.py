@@ -11,7 +11,8 @@ from mars_bench.bench.records import MANIFEST_FILE, RECORDS_FILE, read_rows
 from mars_bench.settings import setting_string
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
-            "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1}  # fmt: skip
+            "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
+            "disturbed": False}  # fmt: skip
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted")
 
 

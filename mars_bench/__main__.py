@@ -42,7 +42,7 @@ def main(cfg: DictConfig) -> None:
         if multirun:
             return  # the sweep goes on; SweepReport counts the failure at the end
         raise SystemExit(2) from None
-    print(write_summary(rows, folder))
+    print(write_summary(rows, folder, cfg.include_disturbed))
     print(f"records: {folder / 'records.jsonl'}")
     failures = failure_line(rows)
     if failures:

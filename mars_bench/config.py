@@ -33,6 +33,16 @@ from mars_bench.verification.sampling import SamplingParams
 
 
 @dataclass
+class ResourcesConfig:
+    """What one job of this model needs on a cluster (hydra/launcher=slurm reads it)."""
+
+    gpus: int | None = None  # GPUs per job, the target sharded over them (device_map); null: a CPU job
+    cpus: int = 8  # CPU cores per job
+    mem_gb: int = 32  # host memory per job (loading reads the weights through it)
+    timeout_min: int = 240  # the job's time limit; a job that reaches it is requeued and resumes
+
+
+@dataclass
 class ModelConfig:
     """A target and (for drafter=model) its separate draft model, by Hub id or local folder."""
 
@@ -48,6 +58,7 @@ class ModelConfig:
     offload_folder: str | None = None  # a folder allows disk offload
     attn_implementation: str = "sdpa"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
 @dataclass
@@ -146,6 +157,12 @@ class RunConfig:
     shadow: list[str] = field(default_factory=list)  # verifiers judged beside the live one (same drafts, same logits)
     fidelity: bool = False  # record each verifier's exact acceptance, KL and TV against the target per position
     baseline_cache: str | None = None  # a folder shared by the cells of a sweep: each baseline decoded once
+    # Contention (bench/contention.py): a timed row is disturbed when other processes kept more than
+    # disturbed_load cores busy on average, or used more than disturbed_gpu_util percent of a GPU.
+    disturbed_load: float = 0.25
+    disturbed_gpu_util: float = 10.0
+    retry_disturbed: int = 0  # re-time a disturbed row up to this many times, each once the machine is idle
+    include_disturbed: bool = False  # count disturbed rows in the run's speedups (left out by default)
 
 
 def register_configs() -> None:
@@ -289,3 +306,9 @@ def check_run_config(cfg: Any) -> None:
         raise ValueError("task.scorer=judge needs task.judge_model=<Hub id or folder of the judge model>")
     if cfg.warmup < 0:
         raise ValueError(f"warmup={cfg.warmup} is invalid: allowed is an integer >= 0")
+    if cfg.retry_disturbed < 0:
+        raise ValueError(f"retry_disturbed={cfg.retry_disturbed} is invalid: allowed is an integer >= 0")
+    if not cfg.disturbed_load > 0:
+        raise ValueError(f"disturbed_load={cfg.disturbed_load} is invalid: allowed is a number of cores > 0")
+    if not 0 < cfg.disturbed_gpu_util <= 100:
+        raise ValueError(f"disturbed_gpu_util={cfg.disturbed_gpu_util} is invalid: allowed is a percent in (0, 100]")

@@ -18,7 +18,23 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(2)
 
+
+def _absl_logs_to_the_real_stderr() -> None:
+    """absl's log handler (rouge-score logs through it) writes to the sys.stderr of its first use: under
+    pytest, one test's capture file. Hydra's logging setup in a later in-process run closes every old
+    handler, and absl's close() closes its stream unless it is the current sys.stderr, which would close
+    pytest's capture file under the tests that follow. The real stderr is never closed."""
+    import absl.logging
+
+    absl.logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
+
+
+_absl_logs_to_the_real_stderr()
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared_data = pytest.mark.skipif(
+    not SHARED_DATA.is_dir(), reason=f"needs the MARS prompt files in {SHARED_DATA}; no registry package carries them"
+)
 
 
 def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 4, vocab: int = 96):

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, python_m
+from conftest import SHARED_DATA, needs_shared_data, python_m
 from hydra import compose, initialize_config_dir
 
 from mars_bench.bench.records import read_rows
@@ -253,6 +253,42 @@ def test_large_target_commands_compose_and_pass_every_check(prefix):
     assert LARGE.search(readme(prefix))
 
 
+CLUSTER_SWEEP = "python -m mars_bench -m hydra/launcher=slurm"
+
+
+def paper_targets() -> list[str]:
+    """The models the README's cluster recipe loops over."""
+    return re.search(r"for model in ([^;]+); do", README).group(1).split()
+
+
+def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jobs(tmp_path, monkeypatch):
+    from test_cluster import sbatch_script, slurm_config
+
+    assert paper_targets() == ["vicuna-13b", "llama3.1-8b", "llama3.3-70b", "qwen3-8b", "qwen3-32b", "qwen3-235b-a22b"]
+    for model in paper_targets():
+        words = shlex.split(readme(CLUSTER_SWEEP).replace("$model", model).removesuffix("&"))[3:]
+        overrides = [w for w in words if w not in ("-m", "hydra/launcher=slurm") and not w.startswith("hydra.sweep.dir=")]
+        cfg = slurm_config(tmp_path / model, *overrides)
+        check_run_config(cfg)
+        assert LARGE.search(" ".join(words)) and cfg.model.name == model and cfg.drafter.name == "eagle3"
+        assert f"#SBATCH --gpus-per-node={cfg.model.resources.gpus}\n" in sbatch_script(cfg, monkeypatch)
+
+
+@needs_shared_data  # Alpaca and CNN/DM prompts come from ../shared/data (or the Hub)
+def test_the_cluster_recipe_then_its_table1(tmp_path, monkeypatch):
+    """The recipe's sweep for one target (SmolLM2 drafting for itself, in this process rather than on
+    SLURM, one prompt per task), then the recipe's analysis over the folder of every sweep."""
+    sweep = readme(CLUSTER_SWEEP).replace("$model", "smollm2-135m").removesuffix("&")
+    sweep = sweep.replace("hydra/launcher=slurm ", "").replace("drafter=eagle3", "drafter=model")
+    assert run(sweep, tmp_path, monkeypatch, [f"model.draft_model={SMOLLM}", *SMALL, "task.num_prompts=1"]) == 0
+    assert len(list((tmp_path / "table1" / "smollm2-135m").glob("*/records.jsonl"))) == 10  # 5 tasks x 2 verifiers
+    analyse = readme("python -m analysis table1")
+    assert run(analyse, tmp_path, monkeypatch) == 0
+    table = (tmp_path / "table1" / "analysis" / "table1.md").read_text()
+    assert all(task in table for task in ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnndm"))
+
+
+@needs_shared_data  # its task file reads ../shared/data/gsm8k/question.jsonl, as the README says
 def test_the_lm_eval_example_from_the_repository(monkeypatch, capsys):
     command = readme("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 mars-bench-lm-eval")
     assert "--limit 5" in command

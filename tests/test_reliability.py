@@ -25,7 +25,8 @@ SMALL = ["experiment=smoke", "task.num_prompts=3", "max_new_tokens=8", "warmup=0
 # in-process runs use 2 threads alike, so that their bf16 sums are added up alike on any machine.
 CELL = [*SMALL, "task.num_prompts=2", "threads=2"]
 GREEDY = [*CELL, "temperature=0"]
-TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s"}
+TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
+         "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # the timing and what else ran meanwhile
 
 # ``python -m mars_bench`` that SIGKILLs itself at an exact point: argv is WHERE N OVERRIDES...
 #   load     as the target model loads (no row yet)

@@ -3,6 +3,7 @@ sweep's baseline cache included, without decoding again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from hydra import compose, initialize_config_dir
@@ -32,11 +33,12 @@ def test_rescoring_rewrites_stale_scores_in_records_and_the_baseline_cache(tmp_p
         {**row, "question_id": 2, "method": "baseline", "status": "failed", "output_text": "", "score": None},
     ]
     (cell / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    BaselineCache(tmp_path / "sweep" / "baselines").put("k", {**rows[0], "method": "baseline"})
+    key = hashlib.sha256(b"a baseline").hexdigest()
+    BaselineCache(tmp_path / "sweep" / "baselines").put(key, {**rows[0], "method": "baseline"})
 
     assert main([str(tmp_path / "sweep")]) == 0
     assert [row["score"] for row in read_rows(cell / "records.jsonl")] == [1.0, 0.0, None]
-    assert BaselineCache(tmp_path / "sweep" / "baselines").get("k")["score"] == 1.0
+    assert BaselineCache(tmp_path / "sweep" / "baselines").get(key)["score"] == 1.0
 
 
 def test_a_missing_folder_is_one_clear_line(tmp_path, capsys):

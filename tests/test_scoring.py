@@ -3,10 +3,12 @@ and a model answer scores by its ``#### N`` line, else its last number."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from conftest import SHARED_DATA
 
-from mars_bench.tasks import read_questions
+from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.questions import Question
 from mars_bench.tasks.scoring import (
     aime_score,
@@ -20,11 +22,13 @@ from mars_bench.tasks.scoring import (
     wmt19_score,
 )
 
-FULL_SPLIT = SHARED_DATA / "gsm8k" / "question_full.jsonl"
+FULL_SPLIT = SimpleNamespace(  # the whole test split: the MARS file where ../shared/data is, else the pinned package
+    name="gsm8k", file="gsm8k/question_full.jsonl", sources=["file", "package"], num_prompts=None, max_turns=None
+)
 
 
 def test_every_gsm8k_test_reference_extracts_to_its_gold_number():
-    questions = read_questions(FULL_SPLIT)
+    questions = load_questions(FULL_SPLIT, str(SHARED_DATA))
     assert len(questions) == 1319
     for question in questions:
         gold_line = question.reference[-1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, needs_shared_data
 from hydra import compose, initialize_config_dir
 
 from mars_bench.__main__ import CONF_DIR
@@ -25,6 +25,7 @@ EXPECTED = {  # task -> (questions, turns per question), as listed in reference/
 }
 
 
+@needs_shared_data
 @pytest.mark.parametrize("task", sorted(EXPECTED))
 def test_every_task_loads_all_its_questions(task):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -111,6 +112,7 @@ def test_a_package_whose_data_does_not_match_its_hash_is_refused(monkeypatch):
         load_questions(cfg.task)
 
 
+@needs_shared_data
 @pytest.mark.parametrize(("task", "file"), [("gsm8k", "gsm8k/question_full.jsonl"), ("humaneval", None), ("mt_bench", None)])
 def test_a_package_serves_the_same_prompts_as_the_mars_file(task, file):
     overrides = [f"task={task}", "task.num_prompts=null"] + ([f"task.file={file}"] if file else [])

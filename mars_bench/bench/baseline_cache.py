@@ -5,20 +5,26 @@ once per theta; with a shared cache folder each baseline is decoded once and eve
 cell copies its row. The copy says where it came from (``baseline_from``). Its seconds were
 measured in the first cell, so speedups of later cells compare against a baseline timed
 earlier on the same machine rather than alternated with them.
+
+Cells may run at once, as jobs on several nodes over a shared filesystem. Each baseline is a
+file of its own (``<key>.json``), created whole by an atomic link, so it is kept exactly once
+even if two jobs race. Before decoding one a job claims it (``<key>.claim``, bench/claims.py);
+a job that finds the claim taken waits for the row instead of decoding it again. Folders from
+before these files (one ``baselines.jsonl``) are still read.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from mars_bench.bench.records import drop_partial_tail, read_rows
+from mars_bench.bench.claims import Claim, atomic_create
+from mars_bench.bench.records import read_rows
 
-CACHE_FILE = "baselines.jsonl"
+CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
+ENTRY_SUFFIX = ".json"
 
 
 def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> str:
@@ -43,27 +49,59 @@ def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> st
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
-class BaselineCache:
-    """An append-only JSON Lines file of (key, row), safe for cells running in parallel."""
+def cache_entries(folder: Path) -> list[Path]:
+    """The entry files of a cache folder (one baseline each)."""
+    return sorted(path for path in folder.glob(f"*{ENTRY_SUFFIX}") if not path.name.startswith("."))
 
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
+
+class BaselineCache:
+    """One file per baseline (key, row), safe for cells running at once on one machine or many."""
+
+    def __init__(self, folder: str | Path, poll_s: float = 2.0) -> None:
+        self.folder, self.poll_s = Path(folder), poll_s  # poll_s: how often a waiting job looks for the row
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.path = self.folder / CACHE_FILE
-        self.rows: dict[str, dict[str, Any]] = {}
+        self.legacy = {entry["key"]: entry["row"] for entry in read_rows(self.folder / CACHE_FILE)}
+        self.claims: dict[str, Claim] = {}
+
+    def entry(self, key: str) -> Path:
+        return self.folder / f"{key}{ENTRY_SUFFIX}"
 
     def get(self, key: str) -> dict[str, Any] | None:
-        if key not in self.rows:  # another cell may have added it since we last looked
-            self.rows = {entry["key"]: entry["row"] for entry in read_rows(self.path)}
-        return self.rows.get(key)
+        try:
+            return json.loads(self.entry(key).read_text(encoding="utf-8"))["row"]
+        except FileNotFoundError:
+            return self.legacy.get(key)
 
-    def put(self, key: str, row: dict[str, Any]) -> None:
-        line = json.dumps({"key": key, "row": row}, ensure_ascii=False, allow_nan=False) + "\n"
-        with self.path.open("a", encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # whole lines only, even from parallel cells
-            drop_partial_tail(self.path)
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
-            fcntl.flock(handle, fcntl.LOCK_UN)
-        self.rows[key] = row
+    def get_or_claim(self, key: str) -> dict[str, Any] | None:
+        """The kept row of ``key``, waiting for it while another job decodes it; None once this job
+        has claimed its decoding (then ``put`` the row, or ``release`` the claim if decoding failed)."""
+        while (row := self.get(key)) is None:
+            if self.claim(key):
+                if (row := self.get(key)) is not None:  # kept between our look and our claim
+                    self.release(key)
+                return row
+            if (row := self.wait(key)) is not None:
+                return row
+        return row
+
+    def claim(self, key: str) -> bool:
+        """Claim the decoding of ``key``'s baseline; False while another live job holds the claim."""
+        claim = self.claims.setdefault(key, Claim(self.folder / f"{key}.claim"))
+        return claim.take()
+
+    def wait(self, key: str) -> dict[str, Any] | None:
+        """The row another job is decoding, once it is kept; None when that job gave up (or died) without it."""
+        claim = self.claims.setdefault(key, Claim(self.folder / f"{key}.claim"))
+        claim.wait(self.poll_s, done=self.entry(key).exists)
+        return self.get(key)
+
+    def put(self, key: str, row: dict[str, Any]) -> dict[str, Any]:
+        """Keep ``row`` unless another job kept one first; the row kept. Releases this job's claim."""
+        data = json.dumps({"key": key, "row": row}, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        kept = row if atomic_create(self.entry(key), data) else self.get(key) or row
+        self.release(key)
+        return kept
+
+    def release(self, key: str) -> None:
+        if key in self.claims:
+            self.claims.pop(key).release()

@@ -4,7 +4,8 @@ configured method, order alternating per question, each turn written as one reco
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key
+from mars_bench.bench.claims import Claim
+from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
 from mars_bench.config import (
@@ -131,9 +134,10 @@ class Method:
 class Cell:
     """Everything one cell needs, built from the resolved config."""
 
-    def __init__(self, cfg: Any, folder: Path, name: str) -> None:
+    def __init__(self, cfg: Any, folder: Path, name: str, on_write: Callable[[], None] | None = None) -> None:
         check_run_config(cfg)
         self.cfg, self.folder, self.name = cfg, folder, name
+        self.on_write = on_write  # called after every record (the cell claim's heartbeat)
         self.questions = load_questions(cfg.task, cfg.data_dir)
         self.writer = RecordWriter(folder)
         self.models = load_models(cfg)
@@ -144,6 +148,7 @@ class Cell:
         self.scorer = self.build_scorer()
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
+        self.meter = ContentionMeter()
 
     def build_scorer(self) -> Any:
         task, model = self.cfg.task, self.cfg.model
@@ -181,6 +186,20 @@ class Cell:
             draft_length=draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, max_draft_depth(cfg.drafter)),
             fidelity=cfg.fidelity and method.verifier is not None,
         )
+
+    def timed_decode(self, method: Method, prompt: list[int], seed: int) -> tuple[DecodeResult, Contention, int]:
+        """Decode while measuring what other processes used; a disturbed decode is timed again (the
+        same seed, so the same tokens), each time once the machine is idle, up to ``retry_disturbed`` times.
+        Returns the last decode, its contention and how many times it was timed again."""
+        cfg, retimed = self.cfg, 0
+        while True:
+            self.meter.start()
+            result = self.decode(method, prompt, seed=seed)
+            contention = self.meter.stop()
+            if retimed >= cfg.retry_disturbed or not contention.disturbed(cfg.disturbed_load, cfg.disturbed_gpu_util):
+                return result, contention, retimed
+            self.meter.wait_until_idle(cfg.disturbed_load, cfg.disturbed_gpu_util)
+            retimed += 1
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         kwargs = dict(self.cfg.model.chat_template_kwargs or {})
@@ -236,6 +255,8 @@ class Cell:
             record.agreement, record.first_divergence = compare(record.output_ids, baseline["output_ids"])
             record.baseline_rouge_l = rouge_l(record.output_text, baseline["output_text"])
         self.writer.write(record)
+        if self.on_write is not None:
+            self.on_write()
 
     def run_question(self, index: int, question: Question, method: Method) -> Iterator[Record]:
         """Yield the new records of all turns of one question, in order; turn t is conditioned
@@ -269,18 +290,31 @@ class Cell:
         seed = self.cfg.seed * 1_000_003 + index * 101 + turn
         shared = method.verifier is None and self.baselines is not None
         key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
-        if shared and (row := self.baselines.get(key)) is not None:
+        if shared and (row := self.baselines.get_or_claim(key)) is not None:
             keys = cell_keys(self.cfg, self.name, self.methods[1].verifier)
             copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION,
                       "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
             return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
-        result = self.decode(method, prompt, seed=seed)
+        try:
+            record = self.decode_and_score(question, turn, method, prompt, seed, answers)
+            if shared:
+                self.baselines.put(key, asdict(record))
+        finally:
+            if shared:
+                self.baselines.release(key)  # a failed decode frees the baseline for another job
+        return record
+
+    def decode_and_score(
+        self, question: Question, turn: int, method: Method, prompt: list[int], seed: int, answers: list[str]
+    ) -> Record:
+        result, contention, retimed = self.timed_decode(method, prompt, seed)
         answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         record = self.record(question, turn, method, prompt, result, answer)
+        disturbed = contention.disturbed(self.cfg.disturbed_load, self.cfg.disturbed_gpu_util)
+        for name, value in {**contention.to_record(), "disturbed": disturbed, "retimed": retimed}.items():
+            setattr(record, name, value)
         if self.scorer is not None:
             record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
-        if shared:
-            self.baselines.put(key, asdict(record))
         return record
 
     def record(
@@ -359,8 +393,21 @@ def compare(tokens: list[int], baseline: list[int] | None) -> tuple[float | None
     return sum(same) / length, divergence
 
 
+CELL_CLAIM = "cell.claim"  # one process writes a cell's folder at a time (bench/claims.py)
+
+
 def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, Any]]:
+    """Run one cell into ``folder``, resuming its records; a second process given the same folder
+    (two launches of one sweep, a requeued job whose old self still runs) waits until the first is done."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return Cell(cfg, folder, name or folder.name).run(progress=cfg.progress)
+    folder.mkdir(parents=True, exist_ok=True)
+    claim = Claim(folder / CELL_CLAIM)
+    while not claim.take():
+        print(f"mars_bench: {folder} is being written by {claim.holder()}; waiting", file=sys.stderr)
+        claim.wait()
+    try:
+        return Cell(cfg, folder, name or folder.name, on_write=claim.beat).run(progress=cfg.progress)
+    finally:
+        claim.release()

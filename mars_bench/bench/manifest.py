@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mars_bench.bench.contention import machine_load
 from mars_bench.bench.records import MANIFEST_FILE
 from mars_bench.paths import CONF_DIR, PACKAGE_DIR
 from mars_bench.placement import drafter_device, input_device, placement
@@ -130,6 +131,7 @@ def build_manifest(
         "source_sha256": source_hash(),
         "cpu": cpu_description(),
         "gpu": gpu_description(),
+        "machine_load": machine_load(),
         "models": {role: model_record(role, loaded, models) for role, loaded in models.items()},
         "methods": methods or {},
         "seeds": seeds,

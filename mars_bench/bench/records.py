@@ -19,9 +19,10 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
-SCHEMA_VERSION = 5  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 6  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
-# 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*
+# 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
+# 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed)
 
 
 @dataclass
@@ -83,6 +84,11 @@ class Record:
     verify_s: float = 0.0
     bookkeeping_s: float = 0.0
     tokens_per_s: float = 0.0
+    other_cpu_s: float | None = None  # CPU seconds other processes used while this row was timed (None: not measurable)
+    other_load: float | None = None  # the cores they kept busy on average (bench/contention.py)
+    other_gpu_util: float | None = None  # the largest GPU multiprocessor share (percent) another process had
+    disturbed: bool = False  # timed while others used more than the run's thresholds: left out of speedups by default
+    retimed: int = 0  # how often this row was decoded again because its timing was disturbed (retry_disturbed)
     stop_reason: str = ""
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""

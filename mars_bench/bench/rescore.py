@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from mars_bench.bench.baseline_cache import CACHE_FILE
+from mars_bench.bench.baseline_cache import CACHE_FILE, ENTRY_SUFFIX, cache_entries
+from mars_bench.bench.claims import atomic_replace
 from mars_bench.bench.records import RECORDS_FILE, read_rows
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.providers import load_questions
 
+ENTRY = re.compile(r"[0-9a-f]{64}" + re.escape(ENTRY_SUFFIX))  # a baseline cache entry: <sha256 key>.json
 TaskScoring = tuple[Any, dict[str, Question]]  # (scorer, question id -> question)
 
 
@@ -52,12 +54,7 @@ def rescore_rows(rows: list[dict[str, Any]], scoring: TaskScoring) -> int:
 
 
 def rewrite(path: Path, lines: list[dict[str, Any]]) -> None:
-    temporary = path.with_suffix(".rescore.tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n" for line in lines)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    atomic_replace(path, "".join(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n" for line in lines).encode())
 
 
 def rescore(folder: Path) -> list[str]:
@@ -74,14 +71,25 @@ def rescore(folder: Path) -> list[str]:
         changed = rescore_rows(rows, scoring)
         rewrite(records, rows)
         report.append(f"{records}: {len(rows)} rows, {changed} scores changed")
-    for cache in sorted(folder.rglob(CACHE_FILE)):
+    for cache in sorted(folder.rglob(CACHE_FILE)):  # the single file of older caches
         entries = list(read_rows(cache))
-        changed = 0
-        for task, scoring in by_task.items():
-            changed += rescore_rows([entry["row"] for entry in entries if entry["row"]["task"] == task], scoring)
+        changed = rescore_entries(entries, by_task)
         rewrite(cache, entries)
         report.append(f"{cache}: {len(entries)} baselines, {changed} scores changed")
+    for cache in sorted({path.parent for path in folder.rglob(f"*{ENTRY_SUFFIX}") if ENTRY.fullmatch(path.name)}):
+        files = cache_entries(cache)
+        entries = [json.loads(path.read_text(encoding="utf-8")) for path in files]
+        changed = rescore_entries(entries, by_task)
+        for path, entry in zip(files, entries):
+            atomic_replace(path, json.dumps(entry, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+        report.append(f"{cache}: {len(entries)} baselines, {changed} scores changed")
     return report
+
+
+def rescore_entries(entries: list[dict[str, Any]], by_task: dict[str, TaskScoring]) -> int:
+    """Rescore cached baseline rows (``{"key", "row"}``) of the tasks whose scoring is known; how many changed."""
+    return sum(rescore_rows([entry["row"] for entry in entries if entry["row"]["task"] == task], scoring)
+               for task, scoring in by_task.items())  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

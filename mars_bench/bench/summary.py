@@ -20,11 +20,13 @@ PROMPT = ["question_id", "turn"]
 
 
 def finished(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows that decoded successfully, with ``seconds`` (prefill + decode) and ``emitted``
-    (tokens after the prefill's, the ones verification steps produced)."""
+    """The rows that decoded successfully, with ``seconds`` (prefill + decode), ``emitted``
+    (tokens after the prefill's, the ones verification steps produced) and ``disturbed`` (False
+    for rows written before contention was measured)."""
     ok = frame[frame["status"] == "ok"].copy() if "status" in frame else frame.copy()
     ok["seconds"] = ok["prefill_s"] + ok["decode_s"]
     ok["emitted"] = ok["new_tokens"] - 1
+    ok["disturbed"] = ok["disturbed"].fillna(False).astype(bool) if "disturbed" in ok else False
     return ok
 
 
@@ -32,15 +34,19 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else np.nan
 
 
-def summarise_paired(rows: pd.DataFrame) -> dict[str, Any]:
+def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dict[str, Any]:
     """Speed, acceptance and quality of one method's rows (one per prompt), with the columns ``*_base``
     of the baseline row of the same prompt (NaN where that baseline failed or is missing).
 
-    The speedups use the prompts that have a baseline; everything else uses every row. trigger_rate
-    counts the rows whose verifier reports a trigger (``trigger_count`` not null): NaN for a verifier
-    without one.
+    The speedups use the prompts that have a baseline, less those where the method's or the
+    baseline's timing was disturbed by other processes (``disturbed``: how many; kept with
+    ``include_disturbed``); everything else uses every row. trigger_rate counts the rows whose
+    verifier reports a trigger (``trigger_count`` not null): NaN for a verifier without one.
     """
     pairs = rows.dropna(subset=["seconds_base"])
+    disturbed = pairs["disturbed"] | pairs["disturbed_base"].fillna(False).astype(bool)
+    if not include_disturbed:
+        pairs = pairs[~disturbed]
     speed = (pairs["new_tokens"], pairs["seconds"], pairs["new_tokens_base"], pairs["seconds_base"])
     some = len(pairs) > 0
     low, high = bootstrap_ratio_ci(*speed) if some else (np.nan, np.nan)
@@ -50,6 +56,7 @@ def summarise_paired(rows: pd.DataFrame) -> dict[str, Any]:
     accepted = rows["accepted"].sum()
     return {
         "prompts": len(rows),
+        "disturbed": int(disturbed.sum()),
         "tokens": int(rows["new_tokens"].sum()),
         "tok_per_s": ratio(rows["new_tokens"].sum(), rows["seconds"].sum()),
         "speedup": throughput_ratio(*speed) if some else np.nan,
@@ -71,15 +78,15 @@ def summarise_paired(rows: pd.DataFrame) -> dict[str, Any]:
 def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[str], how: str = "inner") -> pd.DataFrame:
     """``methods`` with the ``new_tokens`` and ``seconds`` of the baseline row of the same ``on`` keys
     (``*_base``): only the rows that have one (``how="inner"``), or every row (``"left"``, NaN where none)."""
-    base = baselines[[*on, "new_tokens", "seconds"]]
+    base = baselines[[*on, "new_tokens", "seconds", "disturbed"]]
     return methods.merge(base, on=on, suffixes=("", "_base"), how=how)
 
 
-TERMINAL = ["cell", "method", "verifier", "theta", "prompts", "tokens", "tok_per_s", "speedup", "speedup_ci_low",
+TERMINAL = ["cell", "method", "verifier", "theta", "prompts", "disturbed", "tokens", "tok_per_s", "speedup", "speedup_ci_low",
             "speedup_ci_high", "speedup_mean_rate", "tau", "relaxed", "trigger_rate", "agreement", "score"]  # fmt: skip
 
 
-def summarise(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd.DataFrame:
     """One row per (cell, method) of a run's records. Prompts pair on (question_id, turn) within a cell;
     the baseline pairs with itself (speedup 1, agreement 1)."""
     frame = pd.DataFrame(rows)
@@ -90,7 +97,7 @@ def summarise(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for cell, cell_rows in frame.groupby("cell", sort=False):
         base = cell_rows[cell_rows["method"] == BASELINE]
         for method, group in cell_rows.groupby("method", sort=False):
-            summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"))
+            summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed)
             if method == BASELINE:
                 summary |= {"agreement": 1.0, "trigger_rate": np.nan}
             setting = {"verifier": BASELINE, "theta": None} if method == BASELINE else {
@@ -99,14 +106,15 @@ def summarise(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out)[TERMINAL]
 
 
-def format_table(summary: pd.DataFrame) -> str:
-    """A Markdown table for the terminal."""
+def format_table(summary: pd.DataFrame, included: bool = False) -> str:
+    """A Markdown table for the terminal, and a line on the disturbed prompts where there were any
+    (``included``: whether the speedups count them)."""
     if summary.empty:
         return "no finished rows to summarise"
     lines = [
-        "| cell | method | prompts | tok/s | speedup [95% CI] | speedup (mean of rates) "
+        "| cell | method | prompts | disturbed | tok/s | speedup [95% CI] | speedup (mean of rates) "
         "| tau | trigger rate | agreement | score |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, pattern: str = "{:.2f}") -> str:
@@ -115,14 +123,19 @@ def format_table(summary: pd.DataFrame) -> str:
     for row in summary.to_dict("records"):
         ci = f"{fmt(row['speedup'])}x [{fmt(row['speedup_ci_low'])}, {fmt(row['speedup_ci_high'])}]"
         lines.append(
-            f"| {row['cell']} | {row['method']} | {row['prompts']} | {fmt(row['tok_per_s'])} | {ci} | "
+            f"| {row['cell']} | {row['method']} | {row['prompts']} | {row['disturbed']} | {fmt(row['tok_per_s'])} | {ci} | "
             f"{fmt(row['speedup_mean_rate'])}x | {fmt(row['tau'])} | {fmt(row['trigger_rate'], '{:.3f}')} | "
             f"{fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
         )
+    disturbed = int(summary["disturbed"].sum())
+    if disturbed:
+        kept = "kept in" if included else "left out of"
+        lines.append(f"\n{disturbed} prompts were timed while other processes used the machine (disturbed) and are "
+                     f"{kept} the speedups; retry_disturbed=N re-times them once the machine is idle.")  # fmt: skip
     return "\n".join(lines)
 
 
-def write_summary(rows: list[dict[str, Any]], folder: Path) -> str:
-    summary = summarise(rows)
+def write_summary(rows: list[dict[str, Any]], folder: Path, include_disturbed: bool = False) -> str:
+    summary = summarise(rows, include_disturbed)
     summary.to_csv(folder / "summary.csv", index=False)
-    return format_table(summary)
+    return format_table(summary, include_disturbed)

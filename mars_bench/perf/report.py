@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mars_bench.bench.contention import DEFAULT_THRESHOLD
+
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
@@ -22,6 +24,11 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row['comparison']} | {row['ours_tok_s']:.2f} | {row['peer_tok_s']:.2f} | {row['ratio_min']:.3f}x | "
                      f"{row['ratio_median']:.3f}x | {row['ratio_max']:.3f}x | {row['prompt_ratio_min']:.2f}x | "
                      f"{row['prompt_ratio_median']:.2f}x | {row['prompt_ratio_max']:.2f}x | {identical} |")  # fmt: skip
+    disturbed = sum(row.get("disturbed_runs", 0) for row in result["results"].values())
+    if disturbed:
+        lines += ["", f"**{disturbed} timed decodes ran while other processes used the machine (more than "
+                      f"{DEFAULT_THRESHOLD} cores on average): these numbers are not clean; run again on an idle "
+                      "machine.**"]  # fmt: skip
     lines += ["", "Phase profile of our decode time (share of decode seconds):", "",
               "| ours | draft | target forward | verify | bookkeeping | time outside model forwards | tau |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
 from mars_bench.config import DrafterConfig, TaskConfig
 from mars_bench.decoding import decode
@@ -90,6 +91,7 @@ class Suite:
         self.drafter = drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence)
         pad = self.target.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stops[0]
+        self.meter = ContentionMeter()  # what other processes used while each decode was timed
 
     def ours(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         s = self.settings
@@ -111,11 +113,14 @@ class Suite:
     def timed(self, call: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
         """``call()``, its wall seconds, and the count and seconds of each model's forwards inside it."""
         with ForwardTimer(self.target.model) as target, ForwardTimer(self.draft.model) as draft:
+            self.meter.start()
             start = time.perf_counter()
             value = call()
             wall = time.perf_counter() - start
+            contention = self.meter.stop()
         return value, {"seconds": wall, "target_forwards": target.calls, "target_forward_s": target.seconds,
-                       "drafter_forwards": draft.calls, "drafter_forward_s": draft.seconds}  # fmt: skip
+                       "drafter_forwards": draft.calls, "drafter_forward_s": draft.seconds,
+                       "other_load": contention.other_load, "disturbed": contention.disturbed()}  # fmt: skip
 
     def warm_up(self) -> None:
         for comparison in COMPARISONS:
@@ -169,6 +174,7 @@ def summarise(comparison: Comparison, repeats: list[dict[str, Any]]) -> dict[str
         "prompt_ratio_max": max(per_prompt),
         "identical": identical if comparison.temperature == 0 else None,
         "runs": len(ours),
+        "disturbed_runs": sum(run["disturbed"] for r in repeats for run in (*r["ours"], *r["peer"])),
         "phase_share": phases,
         # Prefill forwards are counted too, so this slightly overstates the decode loop's share.
         "outside_forwards_share": sum(run["prefill_s"] + run["decode_s"] - run["target_forward_s"] - run["drafter_forward_s"]

@@ -1,0 +1,165 @@
+"""Did anything else use the machine while a decode was timed?
+
+A timing is only as good as the machine was quiet. On Linux the kernel counts, per CPU, the time
+spent busy (``/proc/stat``) and, per process, the time this process used (all its threads); their
+difference over a timed interval is the CPU time every *other* process took (and, on a virtual
+machine, the time the hypervisor stole). Divided by the interval it is how many cores others kept
+busy on average: ``other_load``. On CUDA, NVML (``pynvml``, where installed) reports each
+process's share of the GPU's streaming multiprocessors; the largest share another process had is
+``other_gpu_util`` (percent). A row whose ``other_load`` exceeds the threshold (cores) or whose
+``other_gpu_util`` exceeds the GPU threshold is *disturbed*.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROC_STAT = Path("/proc/stat")
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal; guest time is inside user already
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+DEFAULT_THRESHOLD = 0.25  # cores kept busy by other processes on average
+DEFAULT_GPU_THRESHOLD = 10.0  # percent of the GPU's multiprocessors used by another process
+
+
+def machine_busy_s(stat: Path = PROC_STAT) -> float | None:
+    """Seconds of CPU time all processes used since boot, summed over cores; None off Linux."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(value) for value in fields[1:]]
+    return sum(values[index] for index in BUSY_FIELDS if index < len(values)) / TICKS_PER_S
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process used (user + system, every thread)."""
+    times = os.times()
+    return times.user + times.system
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What other processes used during one timed interval."""
+
+    wall_s: float
+    other_cpu_s: float | None  # None: the machine's busy time is not readable here; may dip below 0 by a tick
+    other_gpu_util: float | None  # the largest SM share another process had (percent); None: no NVML
+
+    @property
+    def other_load(self) -> float | None:
+        """Cores other processes kept busy on average (0 on an idle machine)."""
+        if self.other_cpu_s is None or self.wall_s <= 0:
+            return None
+        return max(0.0, self.other_cpu_s) / self.wall_s
+
+    def disturbed(self, threshold: float = DEFAULT_THRESHOLD, gpu_threshold: float = DEFAULT_GPU_THRESHOLD) -> bool:
+        load, gpu = self.other_load, self.other_gpu_util
+        return (load is not None and load > threshold) or (gpu is not None and gpu > gpu_threshold)
+
+    def to_record(self) -> dict[str, Any]:
+        load = self.other_load
+        return {
+            "other_cpu_s": None if self.other_cpu_s is None else round(max(0.0, self.other_cpu_s), 3),
+            "other_load": None if load is None else round(load, 3),
+            "other_gpu_util": self.other_gpu_util,
+        }
+
+
+class GpuWatch:
+    """Other processes' use of the GPUs through NVML (``nvml``: the ``pynvml`` module, initialised);
+    inert without it."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.nvml = nvml
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())] if nvml else []
+
+    @classmethod
+    def detect(cls) -> GpuWatch:
+        """NVML where CUDA and ``pynvml`` (nvidia-ml-py) are both there, else an inert watch."""
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return cls()
+            import pynvml
+
+            pynvml.nvmlInit()
+            return cls(pynvml)
+        except Exception:  # no pynvml, no driver, no permission: GPU contention is simply not measured
+            return cls()
+
+    def now_us(self) -> int:
+        return int(time.time() * 1e6)
+
+    def others_peak(self, since_us: int) -> float | None:
+        """The largest SM utilisation (percent) any other process had on any device since ``since_us``."""
+        if self.nvml is None:
+            return None
+        peak = 0.0
+        for handle in self.handles:
+            try:
+                samples = self.nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+            except Exception:  # NVML_ERROR_NOT_FOUND: no process sampled in the window
+                continue
+            for sample in samples:
+                if sample.pid != os.getpid():
+                    peak = max(peak, float(sample.smUtil))
+        return peak
+
+
+class ContentionMeter:
+    """Measures one interval at a time: ``start()`` before a timed decode, ``stop()`` after it."""
+
+    def __init__(self, stat: Path = PROC_STAT, gpu: GpuWatch | None = None) -> None:
+        self.stat = stat
+        self.gpu = gpu if gpu is not None else GpuWatch.detect()
+        self.started: tuple[float, float | None, float, int] | None = None
+
+    def start(self) -> None:
+        self.started = (time.perf_counter(), machine_busy_s(self.stat), own_cpu_s(), self.gpu.now_us())
+
+    def stop(self) -> Contention:
+        if self.started is None:
+            raise RuntimeError("ContentionMeter.stop() called before start()")
+        wall0, busy0, own0, gpu_since = self.started
+        busy1, own1 = machine_busy_s(self.stat), own_cpu_s()
+        wall = time.perf_counter() - wall0
+        others = None if busy0 is None or busy1 is None else (busy1 - busy0) - (own1 - own0)
+        self.started = None
+        return Contention(wall, others, self.gpu.others_peak(gpu_since))
+
+    def sample(self, seconds: float) -> Contention:
+        """Contention over the next ``seconds`` while this process waits."""
+        self.start()
+        time.sleep(seconds)
+        return self.stop()
+
+    def wait_until_idle(
+        self,
+        threshold: float = DEFAULT_THRESHOLD,
+        gpu_threshold: float = DEFAULT_GPU_THRESHOLD,
+        window_s: float = 1.0,
+        max_wait_s: float = 600.0,
+    ) -> Contention:
+        """Sample ``window_s`` windows until one is undisturbed or ``max_wait_s`` passed; the last window."""
+        deadline = time.monotonic() + max_wait_s
+        while True:
+            window = self.sample(window_s)
+            if not window.disturbed(threshold, gpu_threshold) or time.monotonic() >= deadline:
+                return window
+
+
+def machine_load(window_s: float = 0.5) -> dict[str, Any]:
+    """The machine's load when a run starts: the kernel's load averages and other processes' use over ``window_s``."""
+    try:
+        one, five, fifteen = os.getloadavg()
+        averages: list[float] | None = [round(one, 2), round(five, 2), round(fifteen, 2)]
+    except OSError:
+        averages = None
+    return {"loadavg": averages, "cores": os.cpu_count(), "window_s": window_s, **ContentionMeter().sample(window_s).to_record()}

@@ -1,0 +1,153 @@
+"""Sweeps on a cluster through Hydra's submitit launcher: every model config sizes its SLURM jobs
+(shown as the sbatch script submitit would submit, no SLURM needed), and a sweep whose cells run
+as parallel jobs sharing one baseline cache (``submitit_local``) decodes each baseline once, writes
+every row once, gives the analysis of a serial sweep, and resumes after one of its jobs is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from test_app import app, app_process
+
+from mars_bench.__main__ import CONF_DIR
+from mars_bench.bench.baseline_cache import cache_entries
+from mars_bench.bench.cell import CELL_CLAIM
+from mars_bench.bench.records import read_rows
+
+MODELS = sorted(path.stem for path in (Path(CONF_DIR) / "model").glob("*.yaml"))
+SWEEP = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false",
+         "task=gsm8k,humaneval", "verifier=exact,mars"]  # fmt: skip
+PARALLEL = ["hydra/launcher=submitit_local", "hydra.sweeper.max_batch_size=2"]  # two cells (jobs) at a time
+
+
+class Submitted(Exception):
+    """Raised instead of submitting: carries the sbatch script."""
+
+
+def slurm_config(sweep_dir: Path, *overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", return_hydra_config=True, overrides=[
+            "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}", "hydra.job.name=mars_bench", *overrides])  # fmt: skip
+
+
+def sbatch_script(cfg, monkeypatch) -> str:
+    """The sbatch script Hydra's SLURM launcher would submit for the first cell of ``cfg``'s sweep."""
+    import submitit
+    from hydra.utils import instantiate
+
+    def capture(executor, function, *arguments):
+        raise Submitted(executor._executor._make_submission_file_text("python -m mars_bench", "cell-0"))
+
+    fake_bin = Path(cfg.hydra.sweep.dir) / "bin"  # submitit asks for srun on the PATH before it writes a script
+    fake_bin.mkdir(parents=True, exist_ok=True)
+    (fake_bin / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (fake_bin / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.setup(config=cfg, hydra_context=None, task_function=None)
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", capture)
+    with pytest.raises(Submitted) as submitted:
+        launcher.launch([["task=humaneval"]], initial_job_idx=0)
+    return str(submitted.value)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_slurm_launcher_sizes_every_models_jobs_from_its_config(model, tmp_path, monkeypatch):
+    cfg = slurm_config(tmp_path, f"model={model}")
+    resources = cfg.model.resources
+    script = sbatch_script(cfg, monkeypatch)
+    assert f"#SBATCH --cpus-per-task={resources.cpus}\n" in script
+    assert f"#SBATCH --mem={resources.mem_gb}GB\n" in script and f"#SBATCH --time={resources.timeout_min}\n" in script
+    if resources.gpus is None:
+        assert "--gpus-per-node" not in script  # a CPU job
+    else:
+        assert f"#SBATCH --gpus-per-node={resources.gpus}\n" in script
+    assert f"#SBATCH --output={tmp_path}/.submitit/" in script
+
+
+def test_the_big_targets_get_enough_gpus_for_their_bf16_weights():
+    gpus = {model: slurm_config(Path("/tmp/unused"), f"model={model}").model.resources.gpus for model in MODELS}
+    assert gpus["llama3.1-8b"] == 1 and gpus["llama3.3-70b"] >= 2 and gpus["qwen3-235b-a22b"] >= 6
+
+
+def test_resources_and_slurm_settings_are_overridden_on_the_command_line(tmp_path, monkeypatch):
+    cfg = slurm_config(tmp_path, "model=llama3.3-70b", "model.resources.gpus=2", "hydra.launcher.partition=h200")
+    script = sbatch_script(cfg, monkeypatch)
+    assert "#SBATCH --gpus-per-node=2\n" in script and "#SBATCH --partition=h200\n" in script
+
+
+def rows_by_cell(sweep: Path) -> dict[str, list[dict]]:
+    return {path.parent.name: list(read_rows(path)) for path in sorted(sweep.glob("*/records.jsonl"))}
+
+
+def deterministic(table: pd.DataFrame) -> pd.DataFrame:
+    """A table without its timing columns (seconds differ between any two runs)."""
+    timed = [column for column in table if "speedup" in column or column.startswith("tok_per_s") or column == "disturbed"]
+    return table.drop(columns=timed)
+
+
+def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_serial_sweep(tmp_path):
+    parallel, serial = tmp_path / "parallel", tmp_path / "serial"
+    done = app_process("-m", *SWEEP, *PARALLEL, f"hydra.sweep.dir={parallel}", "baseline_cache=${hydra:sweep.dir}/baselines")
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = rows_by_cell(parallel)
+    assert len(cells) == 4
+    for rows in cells.values():
+        keys = [(row["question_id"], row["turn"], row["method"]) for row in rows]
+        assert len(keys) == len(set(keys)) == 4  # 2 prompts x (baseline, method), each once
+    decoded = [row for rows in cells.values() for row in rows if row["method"] == "baseline" and not row["baseline_from"]]
+    assert len(decoded) == len(cache_entries(parallel / "baselines")) == 4  # 2 tasks x 2 prompts, each decoded once
+    assert app("-m", *SWEEP, f"hydra.sweep.dir={serial}", "baseline_cache=${hydra:sweep.dir}/baselines").returncode == 0
+    for folder in (parallel, serial):
+        assert app_process_analysis(folder) == 0
+    for table in ("settings.csv", "fidelity.csv", "quality.csv"):
+        if (serial / "analysis" / table).exists():
+            pd.testing.assert_frame_equal(deterministic(pd.read_csv(parallel / "analysis" / table)),
+                                          deterministic(pd.read_csv(serial / "analysis" / table)))  # fmt: skip
+
+
+def app_process_analysis(folder: Path) -> int:
+    from analysis.__main__ import main
+
+    return main([str(folder), "--out", str(folder / "analysis")])
+
+
+def test_a_killed_job_is_resumed_by_running_the_sweep_again_with_nothing_lost_or_twice(tmp_path):
+    import subprocess
+    import sys
+
+    sweep = tmp_path / "sweep"
+    overrides = ["-m", *SWEEP[:-2], "task=gsm8k", "verifier=exact,mars", "task.num_prompts=3", "max_new_tokens=48",
+                 *PARALLEL, f"hydra.sweep.dir={sweep}", "baseline_cache=${hydra:sweep.dir}/baselines"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "mars_bench", *overrides], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    victim = None
+    deadline = time.monotonic() + 240
+    while victim is None and time.monotonic() < deadline:  # the first cell with a row written: kill its job mid-cell
+        for claim in sweep.glob(f"*/{CELL_CLAIM}"):
+            records = claim.parent / "records.jsonl"
+            if records.exists() and records.read_text().count("\n") >= 1:
+                victim = json.loads(claim.read_text())["pid"]
+                os.kill(victim, signal.SIGKILL)
+                break
+        time.sleep(0.05)
+    assert victim is not None, "no cell started writing"
+    first.communicate(timeout=300)
+    assert first.returncode != 0  # the sweep saw its job die
+    before = sum(len(rows) for rows in rows_by_cell(sweep).values())
+    again = app_process(*overrides, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    cells = rows_by_cell(sweep)
+    assert len(cells) == 2 and before < 2 * 6
+    for rows in cells.values():
+        keys = [(row["question_id"], row["turn"], row["method"]) for row in rows]
+        assert len(keys) == len(set(keys)) == 6 and all(row["status"] == "ok" for row in rows)
+    assert len(cache_entries(sweep / "baselines")) == 3 and not list(sweep.rglob("*.claim"))

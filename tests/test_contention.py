@@ -1,0 +1,151 @@
+"""Timings that know when the machine was busy: every timed row records the CPU time other
+processes used while it ran (and their GPU use where NVML is), a row beyond the threshold is
+flagged, ``retry_disturbed`` times it again once the machine is idle, and the summary and the
+analysis leave disturbed rows out of speedups unless told otherwise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from test_app import FAST, app
+
+from mars_bench.bench import contention
+from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
+from mars_bench.bench.records import read_rows
+from mars_bench.bench.summary import format_table, summarise
+
+BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+
+
+def busy_process(seconds: float) -> subprocess.Popen:
+    """A competing process that keeps one core busy for ``seconds``."""
+    return subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=seconds)])
+
+
+def fake_stat(path: Path, user: int, system: int = 0, idle: int = 1000, steal: int = 0) -> Path:
+    path.write_text(f"cpu  {user} 0 {system} {idle} 0 0 0 {steal} 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+    return path
+
+
+def test_other_processes_cpu_time_is_the_machines_busy_time_less_this_processes(tmp_path, monkeypatch):
+    own = iter([10.0, 10.5])  # this process used 0.5 s of CPU in the interval
+    monkeypatch.setattr(contention, "own_cpu_s", lambda: next(own))
+    stat = fake_stat(tmp_path / "stat", user=1000)
+    meter = ContentionMeter(stat, GpuWatch())
+    meter.start()
+    fake_stat(stat, user=1000 + 150, system=30, steal=20)  # 2.0 s busy in all (ticks of 1/100 s)
+    measured = meter.stop()
+    assert measured.other_cpu_s == pytest.approx(2.0 * 100 / contention.TICKS_PER_S - 0.5)
+    assert measured.to_record()["other_gpu_util"] is None
+
+
+def test_a_row_is_disturbed_beyond_either_threshold_and_unmeasurable_means_undisturbed():
+    assert not Contention(2.0, 0.2, None).disturbed(0.25)  # 0.1 cores
+    assert Contention(2.0, 1.0, None).disturbed(0.25)  # 0.5 cores
+    assert Contention(2.0, 0.0, 40.0).disturbed(0.25, 10.0)  # another process on the GPU
+    assert not Contention(2.0, None, None).disturbed() and Contention(2.0, None, None).other_load is None
+
+
+def test_no_proc_stat_gives_no_measurement(tmp_path):
+    meter = ContentionMeter(tmp_path / "missing", GpuWatch())
+    meter.start()
+    assert meter.stop().other_cpu_s is None and machine_busy_s(tmp_path / "missing") is None
+
+
+def test_gpu_use_of_other_processes_is_read_from_nvml_and_our_own_is_not():
+    me = __import__("os").getpid()
+    samples = [SimpleNamespace(pid=me, smUtil=95), SimpleNamespace(pid=me + 1, smUtil=30)]
+    nvml = SimpleNamespace(nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetProcessUtilization=lambda handle, since: samples if handle == 1 else [])  # fmt: skip
+    assert GpuWatch(nvml).others_peak(0) == 30.0
+    assert GpuWatch().others_peak(0) is None  # no NVML: not measured
+
+
+def test_a_busy_process_is_seen_and_an_idle_machine_is_not():
+    meter = ContentionMeter(gpu=GpuWatch())
+    assert meter.sample(0.5).other_load < contention.DEFAULT_THRESHOLD
+    competitor = busy_process(3.0)
+    try:
+        time.sleep(0.3)
+        busy = meter.sample(1.0)
+    finally:
+        competitor.kill()
+    assert busy.other_load > 0.5 and busy.disturbed()
+
+
+def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_speedup(tmp_path):
+    competitor = busy_process(120.0)
+    try:
+        done = app(*FAST, f"hydra.run.dir={tmp_path}")
+    finally:
+        competitor.kill()
+    assert done.returncode == 0, done.stderr
+    rows = list(read_rows(tmp_path / "records.jsonl"))
+    assert all(row["disturbed"] and row["other_load"] > contention.DEFAULT_THRESHOLD for row in rows)
+    assert "were timed while other processes used the machine" in done.stdout
+    summary = pd.read_csv(tmp_path / "summary.csv").set_index("method")
+    assert summary.loc["mars", "disturbed"] == 2 and pd.isna(summary.loc["mars", "speedup"])
+    assert json.loads((tmp_path / "manifest.json").read_text())["machine_load"]["other_load"] is not None
+
+
+def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path):
+    competitor = busy_process(2.0)  # busy while the first rows decode, then gone
+    try:
+        done = app(*FAST, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
+    finally:
+        competitor.kill()
+    assert done.returncode == 0, done.stderr
+    rows = list(read_rows(tmp_path / "records.jsonl"))
+    assert any(row["retimed"] >= 1 for row in rows)
+    assert not any(row["disturbed"] for row in rows)  # every row's final timing was on the idle machine
+
+
+def test_an_idle_run_is_flagged_nowhere(tmp_path):
+    done = app(*FAST, f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    rows = list(read_rows(tmp_path / "records.jsonl"))
+    assert not any(row["disturbed"] for row in rows) and all(row["other_load"] is not None for row in rows)
+    assert "were timed while other processes" not in done.stdout
+
+
+def paired_rows(disturbed: set[tuple[str, int]]) -> list[dict]:
+    """Two prompts of 10 tokens: the baseline takes 2 s and 4 s, the method 1 s each, so the speedup is
+    (20 / 2) / (20 / 6) = 3 over both prompts and (10 / 1) / (10 / 2) = 2 over prompt 0 alone."""
+    seconds = {("baseline", 0): 2.0, ("mars", 0): 1.0, ("baseline", 1): 4.0, ("mars", 1): 1.0}
+    return [{"cell": "c", "model": "qwen", "drafter": "model", "task": "humaneval", "temperature": 1.0,
+             "verifier": method, "theta": None, "question_id": q, "turn": 1, "method": method, "status": "ok",
+             "new_tokens": 10, "prefill_s": 0.0, "decode_s": s, "steps": 3, "drafted": 0, "accepted": 0, "relaxed": 0,
+             "trigger_count": None, "verified_positions": 0, "score": None, "agreement": None,
+             "disturbed": (method, q) in disturbed}
+            for (method, q), s in seconds.items()]  # fmt: skip
+
+
+@pytest.mark.parametrize("which", [("mars", 1), ("baseline", 1)])
+def test_the_summary_leaves_a_prompt_out_of_the_speedup_when_either_of_its_rows_was_disturbed(which):
+    summary = summarise(paired_rows({which})).set_index("method")
+    assert summary.loc["mars", "speedup"] == pytest.approx(2.0) and summary.loc["mars", "disturbed"] == 1
+    kept = summarise(paired_rows({which}), include_disturbed=True).set_index("method")
+    assert kept.loc["mars", "speedup"] == pytest.approx(3.0)
+    assert "left out of the speedups" in format_table(summarise(paired_rows({which})))
+
+
+def test_the_analysis_says_how_many_rows_were_disturbed_and_can_count_them(tmp_path):
+    from analysis.__main__ import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in paired_rows({("mars", 1)})))
+    assert main([str(run), "--out", str(tmp_path / "out")]) == 0
+    index = (tmp_path / "out" / "index.md").read_text()
+    assert "1 of 4 rows were timed while other processes used the machine" in index and "left out" in index
+    settings = pd.read_csv(tmp_path / "out" / "settings.csv")
+    assert settings["speedup"].iloc[0] == pytest.approx(2.0) and settings["disturbed"].iloc[0] == 1
+    assert main([str(run), "--out", str(tmp_path / "all"), "--include-disturbed"]) == 0
+    assert pd.read_csv(tmp_path / "all" / "settings.csv")["speedup"].iloc[0] == pytest.approx(3.0)

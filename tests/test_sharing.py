@@ -1,0 +1,145 @@
+"""Files shared by many jobs, on one machine or many over a shared filesystem: a file is created
+whole by exactly one of the processes racing for it, a claim is held by one process at a time and
+broken only when its owner is gone, each shared baseline is decoded once, and a cell's records are
+written by one process at a time, so nothing is torn or duplicated."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mars_bench.bench.baseline_cache import BaselineCache, cache_entries
+from mars_bench.bench.cell import CELL_CLAIM
+from mars_bench.bench.claims import Claim, atomic_create
+from mars_bench.bench.records import Record, RecordWriter, read_rows
+
+KEYS = [f"{index:064x}" for index in range(8)]
+
+
+def test_a_file_is_created_once_and_whole(tmp_path):
+    path = tmp_path / "entry.json"
+    assert atomic_create(path, b"first") and not atomic_create(path, b"second")
+    assert path.read_bytes() == b"first" and [p.name for p in tmp_path.iterdir()] == ["entry.json"]  # no temporary left
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def write_claim(path: Path, **holder) -> None:
+    import socket
+
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "job": None, **holder}))
+
+
+def test_a_claim_is_held_by_one_process_and_broken_only_when_stale(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    path = tmp_path / "x.claim"
+    write_claim(path)  # held by a live process of this host (our parent)
+    assert not Claim(path).take() and not Claim(path).stale()
+    write_claim(path, pid=dead_pid())  # its owner died on this host
+    claim = Claim(path)
+    assert claim.take() and json.loads(path.read_text())["pid"] == os.getpid()
+    claim.release()
+    assert not path.exists()
+    write_claim(path, host="another-node")  # a live-looking owner elsewhere: only its lease can expire
+    assert not Claim(path).take()
+    old = time.time() - 7200
+    os.utime(path, (old, old))
+    assert Claim(path, lease_s=3600).take()
+
+
+def test_a_requeued_slurm_job_takes_its_own_claim_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    path = tmp_path / "x.claim"
+    write_claim(path, host="node-before-requeue", job="4242")
+    assert Claim(path).take()
+    write_claim(path, host="another-node", job="4243")
+    assert not Claim(path).take()
+
+
+def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing.synchronize.Barrier) -> None:
+    """One of several processes: decode (pretend) each shared baseline unless another process has,
+    then write the rows of one cell folder that are not there yet."""
+    cache = BaselineCache(cache_dir, poll_s=0.005)
+    start.wait()
+    decoded = []
+    for key in KEYS:
+        if cache.get_or_claim(key) is None:
+            time.sleep(0.005)  # the decode
+            cache.put(key, {"key": key, "by": os.getpid()})
+            decoded.append(key)
+    Path(log_dir, f"{os.getpid()}.json").write_text(json.dumps(decoded))
+    claim = Claim(Path(records_dir) / CELL_CLAIM)
+    while not claim.take():
+        claim.wait(0.005)
+    try:
+        writer = RecordWriter(Path(records_dir))
+        for index, key in enumerate(KEYS):
+            record = Record(cell="c", model="m", target="t", draft_model=None, drafter="d", gamma=1, verifier="v",
+                            theta=None, guard=None, verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
+                            seed=0, max_new_tokens=1, dtype="float32", question_id=index, category="", turn=1,
+                            method="baseline", output_text=key * 50)  # fmt: skip
+            if not writer.has(record.key):
+                writer.write(record)
+                claim.beat()
+    finally:
+        claim.release()
+
+
+def test_four_processes_racing_on_one_cache_and_one_records_folder_leave_nothing_torn_or_twice(tmp_path):
+    context = multiprocessing.get_context("fork")
+    for repeat in range(20):
+        cache, records, logs = (tmp_path / str(repeat) / name for name in ("cache", "records", "logs"))
+        for folder in (cache, records, logs):
+            folder.mkdir(parents=True)
+        start = context.Barrier(4)
+        processes = [context.Process(target=racer, args=(str(cache), str(records), str(logs), start)) for _ in range(4)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(60)
+        assert [process.exitcode for process in processes] == [0] * 4
+        decoded = [key for log in logs.iterdir() for key in json.loads(log.read_text())]
+        assert sorted(decoded) == KEYS  # every baseline decoded by exactly one process
+        entries = [json.loads(path.read_text()) for path in cache_entries(cache)]
+        assert sorted(entry["key"] for entry in entries) == KEYS and all(entry["row"]["key"] == entry["key"] for entry in entries)
+        lines = (records / "records.jsonl").read_text().splitlines()
+        assert len(lines) == len(KEYS) and sorted(json.loads(line)["question_id"] for line in lines) == list(range(len(KEYS)))
+        assert not [p.name for p in (*cache.iterdir(), *records.iterdir()) if p.suffix in (".claim", ".tmp")]
+
+
+def test_a_baseline_whose_decoder_died_is_decoded_by_the_next_job(tmp_path):
+    cache = BaselineCache(tmp_path, poll_s=0.01)
+    write_claim(tmp_path / f"{KEYS[0]}.claim", pid=dead_pid())
+    assert cache.get_or_claim(KEYS[0]) is None  # claimed by us now
+    assert cache.put(KEYS[0], {"a": 1}) == {"a": 1} and not (tmp_path / f"{KEYS[0]}.claim").exists()
+    assert BaselineCache(tmp_path).get_or_claim(KEYS[0]) == {"a": 1}
+
+
+def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
+    (tmp_path / "baselines.jsonl").write_text(json.dumps({"key": KEYS[1], "row": {"b": 2}}) + "\n")
+    assert BaselineCache(tmp_path).get(KEYS[1]) == {"b": 2}
+
+
+def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path):
+    from test_app import FAST, app
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    write_claim(tmp_path / CELL_CLAIM, pid=other.pid)
+    try:
+        done = app(*FAST, f"hydra.run.dir={tmp_path}")
+    finally:
+        other.kill()
+    assert done.returncode == 0, done.stderr
+    assert f"{tmp_path} is being written by" in done.stderr and "waiting" in done.stderr
+    assert len(list(read_rows(tmp_path / "records.jsonl"))) == 4 and not (tmp_path / CELL_CLAIM).exists()
