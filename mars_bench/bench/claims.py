@@ -23,13 +23,19 @@ from typing import Any
 LEASE_S = 3600.0  # a claim whose owner has not touched it for this long is given up
 
 
-def atomic_create(path: Path, data: bytes) -> bool:
-    """Create ``path`` with ``data`` unless it exists; True if this call created it."""
+def private_copy(path: Path, data: bytes) -> Path:
+    """``data`` written and synced to a temporary file beside ``path``, named for this host, process and moment."""
     temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     with temporary.open("wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+    return temporary
+
+
+def atomic_create(path: Path, data: bytes) -> bool:
+    """Create ``path`` with ``data`` unless it exists; True if this call created it."""
+    temporary = private_copy(path, data)
     try:
         os.link(temporary, path)
         return True
@@ -41,12 +47,7 @@ def atomic_create(path: Path, data: bytes) -> bool:
 
 def atomic_replace(path: Path, data: bytes) -> None:
     """Write ``path`` whole: readers see the old file or the new one, never a part."""
-    temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    with temporary.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    os.replace(private_copy(path, data), path)
 
 
 def owner() -> dict[str, Any]:
