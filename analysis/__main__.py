@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from mars_bench.bench.summary import disturbed_note, disturbed_rows
+
 from . import acceptance, fidelity, figures
 from .cells import NotEnoughData, method_summary
 from .gather import NoRecordsError, gather
@@ -188,16 +190,13 @@ def portable_command(folders: list[str], out: Path) -> str:
 
 
 def disturbed_line(frame: pd.DataFrame, included: bool) -> str | None:
-    """What the index says about rows timed while other processes used the machine, if there were any."""
-    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
-    count = int(ok["disturbed"].fillna(False).astype(bool).sum())
-    if not count:
+    """What the index says about rows timed while other processes used the machine, if there were any:
+    how many, how the speedups treat them, and which (``--include-disturbed`` counts them)."""
+    names = disturbed_rows(frame)
+    if not names:
         return None
-    print(f"analysis: {count} rows were timed while other processes used the machine", file=sys.stderr)
-    treatment = "counted in the speedups (--include-disturbed)" if included else (
-        "left out of the speedups, with the rows paired with them (--include-disturbed counts them)"
-    )  # fmt: skip
-    return f"{count} of {len(ok)} rows were timed while other processes used the machine (`disturbed`): {treatment}."
+    print(f"analysis: {len(names)} rows were timed while other processes used the machine", file=sys.stderr)
+    return disturbed_note(names, included, option="--include-disturbed")
 
 
 def main(argv: list[str] | None = None) -> int:

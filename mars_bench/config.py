@@ -266,6 +266,29 @@ def check_override_keys(overrides: list[str]) -> None:
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
 
 
+def check_slurm_sweep(overrides: list[str]) -> None:
+    """Refuse, in one line, a sweep over ``model`` or ``model.resources.*`` under ``hydra/launcher=slurm``:
+    Hydra sizes every job of a sweep from one composition, so each target would get the first one's
+    GPUs and memory. One sweep per target is right (the README's Table 1 recipe)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+    except HydraException:
+        return  # Hydra itself reports a malformed override
+    if not any(o.key_or_group == "hydra/launcher" and o.value() == "slurm" for o in parsed):
+        return
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_sweep_override() and (key == "model" or key.startswith("model.resources")):
+            raise ValueError(
+                f"{override.input_line} under hydra/launcher=slurm: every job of a sweep is sized from one "
+                f"composition, so these jobs would not get their own resources; allowed is one value of {key} "
+                "per sweep (run the command once for each)"
+            )
+
+
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)

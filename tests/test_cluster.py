@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.baseline_cache import cache_entries
 from mars_bench.bench.cell import CELL_CLAIM
 from mars_bench.bench.records import read_rows
+from mars_bench.config import check_slurm_sweep
 
 MODELS = sorted(path.stem for path in (Path(CONF_DIR) / "model").glob("*.yaml"))
 SWEEP = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false",
@@ -81,6 +83,26 @@ def test_resources_and_slurm_settings_are_overridden_on_the_command_line(tmp_pat
     cfg = slurm_config(tmp_path, "model=llama3.3-70b", "model.resources.gpus=2", "hydra.launcher.partition=h200")
     script = sbatch_script(cfg, monkeypatch)
     assert "#SBATCH --gpus-per-node=2\n" in script and "#SBATCH --partition=h200\n" in script
+
+
+@pytest.mark.parametrize("sweep", ["model=llama3.1-8b,qwen3-32b", "model=glob(*)", "model.resources.gpus=2,4"])
+def test_a_slurm_sweep_over_what_sizes_its_jobs_is_refused_in_one_line(sweep):
+    with pytest.raises(ValueError, match=f"^{re.escape(sweep)} under hydra/launcher=slurm: .* one value of model"):
+        check_slurm_sweep(["-m", "hydra/launcher=slurm", sweep, "task=humaneval,gsm8k"])
+
+
+@pytest.mark.parametrize("overrides", [
+    ["-m", "hydra/launcher=slurm", "model=qwen3-32b", "task=humaneval,gsm8k", "verifier.theta=0.5,0.9"],
+    ["-m", "hydra/launcher=submitit_local", "model=smollm2-135m,qwen2.5-coder-1.5b"],
+])  # fmt: skip
+def test_one_target_per_slurm_sweep_and_any_sweep_on_other_launchers_pass(overrides):
+    check_slurm_sweep(overrides)
+
+
+def test_the_app_refuses_a_slurm_sweep_over_targets_before_submitting_anything(tmp_path):
+    done = app_process("-m", "hydra/launcher=slurm", "model=llama3.1-8b,qwen3-32b", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert done.returncode == 2 and done.stderr.startswith("mars_bench: error: model=llama3.1-8b,qwen3-32b under")
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "sweep").exists()
 
 
 def rows_by_cell(sweep: Path) -> dict[str, list[dict]]:

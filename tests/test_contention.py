@@ -19,7 +19,7 @@ from test_app import FAST, app
 from mars_bench.bench import contention
 from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
 from mars_bench.bench.records import read_rows
-from mars_bench.bench.summary import format_table, summarise
+from mars_bench.bench.summary import disturbed_rows, format_table, summarise
 
 BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
 
@@ -95,15 +95,23 @@ def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_s
     assert json.loads((tmp_path / "manifest.json").read_text())["machine_load"]["other_load"] is not None
 
 
-def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path):
-    competitor = busy_process(2.0)  # busy while the first rows decode, then gone
+def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, monkeypatch):
+    competitors = []
+    start = ContentionMeter.start
+
+    def start_with_a_competitor(meter):  # the first timed decode starts beside a process busy for 3 s
+        if not competitors:
+            competitors.append(busy_process(3.0))
+        start(meter)
+
+    monkeypatch.setattr(ContentionMeter, "start", start_with_a_competitor)
     try:
         done = app(*FAST, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
     finally:
-        competitor.kill()
+        competitors[0].kill()
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
-    assert any(row["retimed"] >= 1 for row in rows)
+    assert rows[0]["retimed"] >= 1
     assert not any(row["disturbed"] for row in rows)  # every row's final timing was on the idle machine
 
 
@@ -133,7 +141,26 @@ def test_the_summary_leaves_a_prompt_out_of_the_speedup_when_either_of_its_rows_
     assert summary.loc["mars", "speedup"] == pytest.approx(2.0) and summary.loc["mars", "disturbed"] == 1
     kept = summarise(paired_rows({which}), include_disturbed=True).set_index("method")
     assert kept.loc["mars", "speedup"] == pytest.approx(3.0)
-    assert "left out of the speedups" in format_table(summarise(paired_rows({which})))
+    table = format_table(summarise(paired_rows({which})), disturbed_rows(pd.DataFrame(paired_rows({which}))))
+    assert "1 row was timed while other processes used the machine (disturbed), left out of the speedups" in table
+    assert f"- humaneval question 1 turn 1 · {which[0]}" in table
+
+
+def test_tokens_per_second_leave_out_the_disturbed_rows_unless_told_to_count_them():
+    rows = paired_rows({("baseline", 1)})
+    assert summarise(rows).set_index("method").loc["baseline", "tok_per_s"] == pytest.approx(10 / 2)
+    assert summarise(rows, include_disturbed=True).set_index("method").loc["baseline", "tok_per_s"] == pytest.approx(20 / 6)
+
+
+def test_disturbed_rows_are_named_with_their_cell_where_there_are_several_and_their_load():
+    rows = [{**row, "other_load": 0.7} for row in paired_rows({("mars", 0), ("baseline", 1)})]
+    rows += [{**row, "cell": "d"} for row in paired_rows({("mars", 1)})]
+    assert disturbed_rows(pd.DataFrame(rows)) == [
+        "c · humaneval question 0 turn 1 · mars: 0.70 other cores",
+        "c · humaneval question 1 turn 1 · baseline: 0.70 other cores",
+        "d · humaneval question 1 turn 1 · mars",
+    ]
+    assert disturbed_rows(pd.DataFrame(paired_rows(set()))) == []
 
 
 def test_the_analysis_says_how_many_rows_were_disturbed_and_can_count_them(tmp_path):
@@ -144,7 +171,8 @@ def test_the_analysis_says_how_many_rows_were_disturbed_and_can_count_them(tmp_p
     (run / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in paired_rows({("mars", 1)})))
     assert main([str(run), "--out", str(tmp_path / "out")]) == 0
     index = (tmp_path / "out" / "index.md").read_text()
-    assert "1 of 4 rows were timed while other processes used the machine" in index and "left out" in index
+    assert "1 row was timed while other processes used the machine (disturbed), left out" in index
+    assert "- humaneval question 1 turn 1 · mars" in index
     settings = pd.read_csv(tmp_path / "out" / "settings.csv")
     assert settings["speedup"].iloc[0] == pytest.approx(2.0) and settings["disturbed"].iloc[0] == 1
     assert main([str(run), "--out", str(tmp_path / "all"), "--include-disturbed"]) == 0

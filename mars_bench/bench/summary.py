@@ -40,13 +40,16 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
 
     The speedups use the prompts that have a baseline, less those where the method's or the
     baseline's timing was disturbed by other processes (``disturbed``: how many; kept with
+    ``include_disturbed``); tok/s uses the rows whose own timing was not disturbed (all with
     ``include_disturbed``); everything else uses every row. trigger_rate counts the rows whose
     verifier reports a trigger (``trigger_count`` not null): NaN for a verifier without one.
     """
     pairs = rows.dropna(subset=["seconds_base"])
     disturbed = pairs["disturbed"] | pairs["disturbed_base"].fillna(False).astype(bool)
+    timed = rows
     if not include_disturbed:
         pairs = pairs[~disturbed]
+        timed = rows[~rows["disturbed"]]
     speed = (pairs["new_tokens"], pairs["seconds"], pairs["new_tokens_base"], pairs["seconds_base"])
     some = len(pairs) > 0
     low, high = bootstrap_ratio_ci(*speed) if some else (np.nan, np.nan)
@@ -58,7 +61,7 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
         "prompts": len(rows),
         "disturbed": int(disturbed.sum()),
         "tokens": int(rows["new_tokens"].sum()),
-        "tok_per_s": ratio(rows["new_tokens"].sum(), rows["seconds"].sum()),
+        "tok_per_s": ratio(timed["new_tokens"].sum(), timed["seconds"].sum()),
         "speedup": throughput_ratio(*speed) if some else np.nan,
         "speedup_ci_low": low,
         "speedup_ci_high": high,
@@ -106,9 +109,38 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd
     return pd.DataFrame(out)[TERMINAL]
 
 
-def format_table(summary: pd.DataFrame, included: bool = False) -> str:
-    """A Markdown table for the terminal, and a line on the disturbed prompts where there were any
-    (``included``: whether the speedups count them)."""
+def disturbed_rows(frame: pd.DataFrame) -> list[str]:
+    """One name per finished row whose timing other processes disturbed, in record order:
+    ``task question Q turn T · method: L other cores``, led by the cell where there are several."""
+    if frame.empty or "disturbed" not in frame:
+        return []
+    ok = finished(frame)
+    several_cells = "cell" in ok and ok["cell"].nunique() > 1
+    names = []
+    for row in ok[ok["disturbed"]].to_dict("records"):
+        load = row.get("other_load")
+        names.append((f"{row['cell']} · " if several_cells else "")
+                     + f"{row.get('task', '?')} question {row['question_id']} turn {row['turn']} · {row['method']}"
+                     + (f": {load:.2f} other cores" if load is not None and pd.notna(load) else ""))  # fmt: skip
+    return names
+
+
+def disturbed_note(names: list[str], included: bool, option: str = "include_disturbed=true", limit: int = 20) -> str:
+    """What a report says about the disturbed rows ``names``: how many, how the speedups treat them
+    (``included``: counted, as ``option`` asked) and the first ``limit`` of them by name."""
+    treatment = f"counted in the speedups ({option})" if included else (
+        f"left out of the speedups with their prompts ({option} counts them; "
+        "retry_disturbed=N re-times them once the machine is idle)"
+    )  # fmt: skip
+    shown = [f"- {name}" for name in names[:limit]] + ([f"- ... and {len(names) - limit} more"] if len(names) > limit else [])
+    count = f"{len(names)} row was" if len(names) == 1 else f"{len(names)} rows were"
+    return "\n".join([f"{count} timed while other processes used the machine (disturbed), {treatment}:", *shown])
+
+
+def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: bool = False) -> str:
+    """A Markdown table for the terminal; then ``disturbed`` (the names of the rows other processes
+    disturbed, from ``disturbed_rows``) with whether the speedups count them (``included``). The
+    table's ``disturbed`` column counts the prompts each speedup leaves out."""
     if summary.empty:
         return "no finished rows to summarise"
     lines = [
@@ -127,15 +159,12 @@ def format_table(summary: pd.DataFrame, included: bool = False) -> str:
             f"{fmt(row['speedup_mean_rate'])}x | {fmt(row['tau'])} | {fmt(row['trigger_rate'], '{:.3f}')} | "
             f"{fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
         )
-    disturbed = int(summary["disturbed"].sum())
     if disturbed:
-        kept = "kept in" if included else "left out of"
-        lines.append(f"\n{disturbed} prompts were timed while other processes used the machine (disturbed) and are "
-                     f"{kept} the speedups; retry_disturbed=N re-times them once the machine is idle.")  # fmt: skip
+        lines += ["", disturbed_note(list(disturbed), included)]
     return "\n".join(lines)
 
 
 def write_summary(rows: list[dict[str, Any]], folder: Path, include_disturbed: bool = False) -> str:
     summary = summarise(rows, include_disturbed)
     summary.to_csv(folder / "summary.csv", index=False)
-    return format_table(summary, include_disturbed)
+    return format_table(summary, disturbed_rows(pd.DataFrame(rows)), include_disturbed)
