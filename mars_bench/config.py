@@ -27,7 +27,7 @@ from mars_bench.drafting import (
 from mars_bench.drafting.model import check_min_confidence
 from mars_bench.drafting.tree import TreeShape
 from mars_bench.placement import check_memory_budget, parse_dtype
-from mars_bench.settings import parse_label, plugin_label, setting_string
+from mars_bench.settings import label_items, parse_label, plugin_label, setting_string
 from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
@@ -193,8 +193,9 @@ def drafter_params(drafter: Any) -> dict[str, Any]:
 
 
 def drafter_setting(drafter: Any) -> str:
-    """The keys that shape the drafter's drafts: gamma and its own settings, e.g. ``gamma=5,top_k=3,tree_tokens=16``."""
-    return setting_string({"gamma": drafter.gamma, **drafter_params(drafter)})
+    """The keys that shape the drafter's drafts: gamma and its own settings, e.g. ``gamma=5,top_k=3,tree_tokens=16``
+    (a setting added later is left out at its default, so older records keep their label)."""
+    return setting_string({"gamma": drafter.gamma, **label_items(drafter_settings(drafter.name), drafter_params(drafter))})
 
 
 def max_draft_depth(drafter: Any) -> int:

@@ -62,7 +62,7 @@ class MarsBenchLM(LM):
                 raise ValueError(f"drafter={name} needs draft_model=<Hub id or folder>")
             small = load_model(draft_model, dtype=dtype)
             check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
-        return drafter_for(name, self.target.model, small.model if small else None, **settings)
+        return drafter_for(name, self.target.model, small.model if small else None, tokenizer=self.target.tokenizer, **settings)
 
     @property
     def tokenizer_name(self) -> str:

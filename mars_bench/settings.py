@@ -40,10 +40,15 @@ OPTIONAL = {"omit_when_default": True}  # field metadata: a setting added later,
 def label_values(settings: Any) -> dict[str, Any]:
     """A settings dataclass's values as labels carry them: every field, except an ``OPTIONAL`` one at
     its default, so that records made before the option existed keep their labels."""
+    return label_items(type(settings), {item.name: getattr(settings, item.name) for item in dataclasses.fields(settings)})
+
+
+def label_items(settings_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (one per field of ``settings_class``, not yet checked) as labels carry them (see ``label_values``)."""
     return {
-        item.name: getattr(settings, item.name)
-        for item in dataclasses.fields(settings)
-        if not (item.metadata.get("omit_when_default") and getattr(settings, item.name) == item.default)
+        item.name: values[item.name]
+        for item in dataclasses.fields(settings_class)
+        if not (item.metadata.get("omit_when_default") and values[item.name] == item.default)
     }
 
 

@@ -23,20 +23,28 @@ def markov(seed: int, sharpness: float) -> torch.Tensor:
 
 
 TARGET, DRAFTER = markov(0, 1.5), markov(1, 1.0)
+# A drafter over a reduced vocabulary (drafter.draft_vocab): token 2 is off its subset, so q(2) = 0.
+REDUCED_DRAFTER = DRAFTER.clone().index_fill_(1, torch.tensor([2]), float("-inf"))
 
 
 def speculative_sequence(
-    verifier, generator: torch.Generator, deterministic_drafts: bool, target: torch.Tensor
+    verifier,
+    generator: torch.Generator,
+    deterministic_drafts: bool,
+    target: torch.Tensor,
+    drafter: torch.Tensor = DRAFTER,
+    reported: torch.Tensor | None = None,
 ) -> tuple[int, ...]:
-    """Decode LENGTH tokens after token 0 with drafts from DRAFTER verified against TARGET."""
+    """Decode LENGTH tokens after token 0 with drafts from ``drafter`` verified against ``target``
+    (told the q of ``reported`` instead, where given: a broken drafter)."""
     sequence = [0]
     while len(sequence) - 1 < LENGTH:
         drafts, dists, last = [], [], sequence[-1]
         for _ in range(GAMMA):
-            q = torch.softmax(DRAFTER[last], -1)
+            q = torch.softmax(drafter[last], -1)
             token = int(q.argmax()) if deterministic_drafts else int(torch.multinomial(q, 1, generator=generator))
             drafts.append(token)
-            dists.append(q)
+            dists.append(q if reported is None else torch.softmax(reported[last], -1))
             last = token
         context = [sequence[-1], *drafts]
         step = VerifyInput(
@@ -89,7 +97,13 @@ def target_joint(target: torch.Tensor) -> dict[tuple[int, ...], float]:
 
 
 def chi_square_pvalue(
-    name: str, deterministic_drafts: bool, target: torch.Tensor = TARGET, tree: bool = False, **params
+    name: str,
+    deterministic_drafts: bool,
+    target: torch.Tensor = TARGET,
+    tree: bool = False,
+    drafter: torch.Tensor = DRAFTER,
+    reported: torch.Tensor | None = None,
+    **params,
 ) -> float:
     verifier = get_verifier(name, **params)
     generator = torch.Generator().manual_seed(1234)
@@ -98,7 +112,7 @@ def chi_square_pvalue(
         if tree:
             sequence = speculative_tree_sequence(verifier, generator, target)
         else:
-            sequence = speculative_sequence(verifier, generator, deterministic_drafts, target)
+            sequence = speculative_sequence(verifier, generator, deterministic_drafts, target, drafter, reported)
         counts[sequence] = counts.get(sequence, 0) + 1
     joint = target_joint(target)
     total = sum(joint.values())
@@ -116,6 +130,18 @@ def chi_square_pvalue(
 @pytest.mark.parametrize("name", ["rejection", "exact"])
 def test_lossless_verifiers_preserve_the_target_distribution(name, deterministic_drafts):
     assert chi_square_pvalue(name, deterministic_drafts) > 1e-3
+
+
+@pytest.mark.parametrize("deterministic_drafts", [False, True], ids=["sampled-drafts", "greedy-drafts"])
+@pytest.mark.parametrize("name", ["rejection", "exact"])
+def test_lossless_verifiers_stay_lossless_when_q_lives_on_a_reduced_vocabulary(name, deterministic_drafts):
+    # Sequences holding token 2 are never drafted whole; the correction must still give them mass p.
+    assert chi_square_pvalue(name, deterministic_drafts, drafter=REDUCED_DRAFTER) > 1e-3
+
+
+def test_the_reduced_vocabulary_test_detects_a_drafter_that_reports_the_full_vocabularys_q():
+    # Negative control: drafting on the subset while telling the verifier the unreduced q biases the output.
+    assert chi_square_pvalue("rejection", False, drafter=REDUCED_DRAFTER, reported=DRAFTER) < 1e-6
 
 
 @pytest.mark.parametrize("name", ["rejection", "exact"])

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import python_m, tiny_model
+from conftest import SHARED_DATA, python_m, tiny_model
 
 from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
-from mars_bench.perf.costs import ForwardTimer, predicted_speedup
+from mars_bench.perf.costs import ForwardTimer, predicted_step_speedup
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -21,10 +21,13 @@ def test_bad_options_are_one_clear_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_the_analytic_model_is_tokens_per_step_over_step_cost():
-    # tau 4 tokens per step; a step costs 4 drafter forwards (0.05 s) and one 0.12 s verify; AR: 0.1 s a token
-    assert predicted_speedup(4.0, 4.0, 0.1, 0.12, 0.05) == pytest.approx(1.25)  # 0.4 s of AR work in a 0.32 s step
-    assert predicted_speedup(1.0, 0.0, 0.1, 0.1, 0.05) == pytest.approx(1.0)  # drafting nothing is the baseline
+def test_the_analytic_model_is_tokens_over_the_forward_cost_of_the_steps_taken():
+    target_s = {1: 0.1, 2: 0.104, 3: 0.108, 5: 0.12}
+    # two steps of 4 drafts (0.05 s each) and a 0.12 s verify, 8 tokens: 0.8 s of AR work in 0.64 s
+    assert predicted_step_speedup(8, [4, 4], target_s, 0.05) == pytest.approx(1.25)
+    assert predicted_step_speedup(3, [0, 0, 0], target_s, 0.05) == pytest.approx(1.0)  # drafting nothing is the baseline
+    # adaptive lengths: each step pays for its own drafts and its own verify width
+    assert predicted_step_speedup(5, [1, 2], target_s, 0.05) == pytest.approx(0.5 / (0.05 + 0.104 + 0.1 + 0.108))
 
 
 def test_the_forward_timer_counts_every_forward_of_both_models_inside_its_block_only():
@@ -37,3 +40,35 @@ def test_the_forward_timer_counts_every_forward_of_both_models_inside_its_block_
     assert 0 < timer.seconds < result.prefill_s + result.decode_s
     target(torch.tensor([[1, 2]]))  # outside the block: not counted
     assert timer.calls == 2 + result.verify_steps + result.drafted
+
+
+def speed_settings(model) -> dict:
+    """What about a loaded model can change how fast transformers runs it."""
+    return {
+        "training": sorted({module.training for module in model.modules()}),
+        "requires_grad": sorted({parameter.requires_grad for parameter in model.parameters()}),
+        "dtypes": sorted({str(parameter.dtype) for parameter in model.parameters()}),
+        "devices": sorted({str(parameter.device) for parameter in model.parameters()}),
+        "contiguous": all(parameter.is_contiguous() for parameter in model.parameters()),
+        "attention": model.config._attn_implementation,
+        "config": model.config.to_dict(),
+        "generation_config": model.generation_config.to_dict(),
+        "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()),
+        "class": type(model).__name__,
+    }
+
+
+def test_the_peers_models_are_loaded_exactly_as_a_transformers_user_loads_them():
+    from transformers import AutoModelForCausalLM
+
+    from mars_bench.perf.suite import PerfSettings, Suite
+    from mars_bench.sources import resolve_model
+
+    settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, tasks=("gsm8k",), num_prompts=1, data_dir=str(SHARED_DATA))
+    suite = Suite(settings)
+    plain = AutoModelForCausalLM.from_pretrained(resolve_model(SMOLLM).path, dtype=torch.bfloat16).eval()
+    assert speed_settings(suite.peer_target) == speed_settings(plain)
+    assert speed_settings(suite.peer_draft) == speed_settings(plain)
+    assert suite.peer_target is not suite.target.model and suite.peer_draft is not suite.draft.model
+    # The control: our loader's models differ from a plain load (gradients off), hence the peer's own load.
+    assert speed_settings(suite.target.model)["requires_grad"] == [False] != speed_settings(plain)["requires_grad"]

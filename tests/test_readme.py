@@ -19,6 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import SHARED_DATA, needs_shared_data, python_m
 from hydra import compose, initialize_config_dir
@@ -27,7 +28,6 @@ from mars_bench.bench.records import read_rows
 from mars_bench.config import check_run_config
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.__main__ import parse as perf_options
-from mars_bench.perf.suite import COMPARISONS
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -297,27 +297,63 @@ def test_the_lm_eval_example_from_the_repository(monkeypatch, capsys):
     assert "|gsm8k_local|" in output and "exact_match" in output
 
 
+PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "8",
+              "--data-dir", str(SHARED_DATA)]  # fmt: skip
+
+
 def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(tmp_path, monkeypatch):
     command = readme("python -m mars_bench.perf --repeats 2")
-    small = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--tasks", "gsm8k", "--num-prompts", "2",
-             "--max-new-tokens", "8", "--data-dir", str(SHARED_DATA)]  # fmt: skip
-    assert run(command, tmp_path, monkeypatch, small) == 0
+    assert run(command, tmp_path, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0
     out = tmp_path / "perf_out"
     report = json.loads((out / "perf.json").read_text())
     assert report["repeats_done"] == 2 and not list(out.glob("*.partial"))  # rewritten whole after each repeat
     assert report["environment"]["packages"]["transformers"] and "commit" in report["environment"]["git"]
     assert len(report["environment"]["source_sha256"]) == 64
-    assert list(report["results"]) == [c.name for c in COMPARISONS]
+    assert list(report["results"]) == [
+        "T=0 ours AR baseline", "T=0 transformers generate", "T=0 transformers assisted generation",
+        "T=0 ours chain exact, fixed", "T=1 ours AR baseline", "T=1 transformers assisted generation",
+        "T=1 ours chain rejection, fixed"]  # fmt: skip
+    pairs = {(row["method"], row["against"]) for row in report["comparisons"]}
+    assert pairs == {("T=0 ours chain exact, fixed", "T=0 ours AR baseline"),
+                     ("T=0 ours chain exact, fixed", "T=0 transformers assisted generation"),
+                     ("T=0 ours AR baseline", "T=0 transformers generate"),
+                     ("T=0 transformers assisted generation", "T=0 transformers generate"),
+                     ("T=1 ours chain rejection, fixed", "T=1 ours AR baseline"),
+                     ("T=1 ours chain rejection, fixed", "T=1 transformers assisted generation")}  # fmt: skip
+    for row in report["comparisons"]:
+        assert len(row["ratios"]) == 2 and row["min"] <= row["median"] <= row["max"]
+        assert row["prompt_min"] <= row["prompt_median"] <= row["prompt_max"] and row["runs"] == 4
     for row in report["results"].values():
-        assert len(row["ratios"]) == 2 and row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
-        assert row["prompt_ratio_min"] <= row["prompt_ratio_median"] <= row["prompt_ratio_max"]
-        assert 0 < row["outside_forwards_share"] < 1
-        assert row["runs"] == 4 and abs(sum(row["phase_share"].values()) - 1) < 1e-6
-    greedy = report["results"][COMPARISONS[0].name]
-    assert greedy["identical"] == 4  # our greedy AR decoding is generate's, token for token (SmolLM2, bf16)
+        assert row["runs"] == 4
+        if row["side"] == "ours":
+            assert 0 < row["outside_forwards_share"] < 1 and abs(sum(row["phase_share"].values()) - 1) < 1e-6
+    against_generate = next(row for row in report["comparisons"] if row["against"] == "T=0 transformers generate")
+    assert against_generate["identical"] == 4  # our greedy AR decoding is generate's, token for token (SmolLM2, bf16)
     assert report["assisted_generation"]["num_assistant_tokens"] == 20
-    assert set(report["analytic"]["speedup_over_our_baseline"]) == {c.name for c in COMPARISONS[1:]}
-    assert "| AR baseline vs generate (greedy) |" in (out / "perf.md").read_text()
+    assert report["peer_loading"] == "AutoModelForCausalLM.from_pretrained(path, dtype=bfloat16).eval()"
+    chains = {"T=0 ours chain exact, fixed", "T=1 ours chain rejection, fixed"}
+    assert set(report["analytic"]["speedup_over_our_baseline"]) == chains
+    assert "| T=0 ours AR baseline | T=0 transformers generate |" in (out / "perf.md").read_text()
+
+
+@pytest.mark.parametrize(("prefix", "tasks"), [("python -m mars_bench.perf --draft-length", ["--tasks", "gsm8k"]),
+                                               ("python -m mars_bench.perf --tasks mt_bench", [])])  # fmt: skip
+def test_the_drafter_configurations_run_each_length_policy_with_each_draft_vocabulary(prefix, tasks, tmp_path, monkeypatch):
+    command = readme(prefix)
+    counts = tmp_path / "counts.npy"
+    np.save(counts, np.arange(49152)[::-1])  # a user's count file: here the lowest ids are the most frequent
+    small = [*PERF_SMALL, *tasks, "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
+    assert run(command, tmp_path, monkeypatch, small) == 0
+    out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
+    report = json.loads((out / "perf.json").read_text())
+    lengths, vocabs = report["settings"]["draft_lengths"], report["settings"]["draft_vocabs"]
+    assert len(lengths) == 3 and None in vocabs and len(vocabs) == 2
+    chains = [row for row in report["results"].values() if row["config"] is not None]
+    assert sorted((row["config"]["length"], row["config"]["vocab"] or 0) for row in chains) == sorted(
+        (length, vocab or 0) for length in lengths for vocab in vocabs)  # fmt: skip
+    assert set(report["analytic"]["speedup_over_our_baseline"]) == {row["method"] for row in chains}
+    reduced = [vocab for vocab in report["analytic"]["costs"]["drafter"] if vocab != "None"]
+    assert reduced == [str(vocabs[1])]  # one-token drafter forwards measured for the reduced head too
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():

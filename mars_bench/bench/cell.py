@@ -165,6 +165,7 @@ class Cell:
             drafter_model.model if drafter_model else None,
             head=self.cfg.model.eagle3_head,
             min_confidence=d.min_confidence if d.length == "confidence" else None,
+            tokenizer=self.target.tokenizer,
             **drafter_params(d),
         )
 

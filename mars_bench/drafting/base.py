@@ -57,7 +57,8 @@ class DrafterContext:
     go when the drafter has no model to say so (lookup; default CPU). head: the EAGLE-3 head,
     a folder or Hub id (``model.eagle3_head``) or a loaded ``Eagle3Head``. min_confidence:
     stop drafting after a token with q below it; set only under ``drafter.length=confidence``
-    and read by the drafters that have a q to compare (model, layerskip).
+    and read by the drafters that have a q to compare (model, layerskip). tokenizer: the
+    target's, for the model drafters' built-in token count (``drafter.draft_vocab``).
     """
 
     target: Any = None
@@ -66,6 +67,7 @@ class DrafterContext:
     device: torch.device | str | None = None
     head: Any = None
     min_confidence: float | None = None
+    tokenizer: Any = None
 
 
 class Drafter:
@@ -205,12 +207,13 @@ def build_drafter(
     device: torch.device | str | None = None,
     head: Any = None,
     min_confidence: float | None = None,
+    tokenizer: Any = None,
     **settings: object,
 ) -> Drafter | None:
     """The drafter registered as ``name`` (``none`` gives None: plain autoregressive decoding),
     built from its context (see ``DrafterContext``) and its ``settings`` by name."""
     spec = drafter_spec(name)
-    context = DrafterContext(target, model, vocab_size, device, head, min_confidence)
+    context = DrafterContext(target, model, vocab_size, device, head, min_confidence, tokenizer)
     return spec.factory(build_settings(name, **settings), context)
 
 
@@ -221,10 +224,12 @@ def drafter_for(
     *,
     head: Any = None,
     min_confidence: float | None = None,
+    tokenizer: Any = None,
     **settings: object,
 ) -> Drafter | None:
     """The drafter ``name`` for ``target`` (a causal LM): its vocabulary size and input device
-    come from the target; ``draft_model`` is the separate draft model (model, model_tree)."""
+    come from the target; ``draft_model`` is the separate draft model (model, model_tree);
+    ``tokenizer`` the target's (the model drafters' built-in token count)."""
     return build_drafter(
         name,
         target=target,
@@ -233,6 +238,7 @@ def drafter_for(
         device=input_device(target),
         head=head,
         min_confidence=min_confidence,
+        tokenizer=tokenizer,
         **settings,
     )
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from mars_bench.drafting.base import Draft, Drafter, DrafterContext, NoSettings, drafters_without_model, register_drafter
+from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_without_model, register_drafter
+from mars_bench.drafting.draft_vocab import DraftVocabSettings, reduced_draft_model
 from mars_bench.drafting.tree import DraftTree, TreeSettings, TreeShape, expand_tree, frontier_block
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.placement import input_device
@@ -113,8 +114,15 @@ class ModelDrafter(Drafter):
 
 
 @dataclass(frozen=True)
-class ModelTreeSettings(TreeSettings):
-    """model_tree: a top-k tree of depth gamma (conf/drafter/model_tree.yaml)."""
+class ModelSettings(DraftVocabSettings):
+    """model: a chain of gamma drafts (the engine's gamma and draft-length policy), optionally
+    scored over a reduced vocabulary (conf/drafter/model.yaml)."""
+
+
+@dataclass(frozen=True)
+class ModelTreeSettings(DraftVocabSettings, TreeSettings):
+    """model_tree: a top-k tree of depth gamma, optionally drafted over a reduced vocabulary
+    (conf/drafter/model_tree.yaml)."""
 
     top_k: int = 3
     tree_tokens: int = 16
@@ -169,16 +177,17 @@ class TreeModelDrafter(ModelDrafter):
         """Nothing to keep: the committed context is cached, the tree was dropped."""
 
 
-@register_drafter("model", needs_draft_model=True)
-def model_drafter(settings: NoSettings, context: DrafterContext) -> ModelDrafter:
+@register_drafter("model", settings=ModelSettings, needs_draft_model=True)
+def model_drafter(settings: ModelSettings, context: DrafterContext) -> ModelDrafter:
     if context.model is None:
         raise ValueError(f"drafter 'model' needs a separate draft model: the drafters without one are {drafters_without_model()}")
-    return ModelDrafter(context.model, context.vocab_size, context.min_confidence)
+    model = reduced_draft_model(context.model, settings, context.vocab_size or context.model.config.vocab_size, context.tokenizer)
+    return ModelDrafter(model, context.vocab_size, context.min_confidence)
 
 
 @register_drafter("model_tree", settings=ModelTreeSettings, needs_draft_model=True, tree=True)
 def model_tree_drafter(settings: ModelTreeSettings, context: DrafterContext) -> TreeModelDrafter:
     if context.model is None:
         raise ValueError("drafter 'model_tree' needs a separate draft model (model.draft_model)")
-    return TreeModelDrafter(context.model, context.vocab_size, settings)
-
+    model = reduced_draft_model(context.model, settings, context.vocab_size or context.model.config.vocab_size, context.tokenizer)
+    return TreeModelDrafter(model, context.vocab_size, settings)

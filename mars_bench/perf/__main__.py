@@ -1,12 +1,14 @@
 """``python -m mars_bench.perf [options]``: on the same prompts and budgets, in one process,
-methods alternating per prompt, each repeat timing every pair:
+the methods' order rotating per prompt, each repeat timing at each temperature:
 
-1. our autoregressive baseline against ``model.generate`` (greedy);
-2. our chain speculative decoding (``exact``) against assisted generation (greedy);
-3. the same at temperature 1 with ``rejection`` against assisted sampling.
+1. our autoregressive baseline, and transformers' ``generate`` (greedy only);
+2. transformers' assisted generation (on models loaded as its users load them);
+3. our chain speculative decoding (``exact`` greedy, ``rejection`` at temperature 1) in every
+   drafter configuration: each draft-length policy with each draft vocabulary.
 
-Writes ``perf.json`` (every number) and ``perf.md`` (ratios with min / median / max over
-repeats, the phase profile, forward costs and the analytic model) into ``--out``.
+Writes ``perf.json`` (every number) and ``perf.md`` (speedups over our baseline and over
+assisted generation with min / median / max over repeats, the phase profile, forward costs
+and the analytic model) into ``--out``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--dtype", default=None, help="default: the model option's dtype")
-    parser.add_argument("--draft-length", default="fixed", help="our draft-length policy: fixed, schedule or confidence")
+    parser.add_argument("--draft-length", nargs="+", default=["fixed"],
+                        help="our draft-length policies: fixed, schedule, confidence (each is one configuration)")
+    parser.add_argument("--draft-vocab", nargs="+", default=["none"],
+                        help="our drafter's vocabularies: none (all tokens) or K most frequent (each with each policy)")
+    parser.add_argument("--token-counts", default=None, help="a count file (.npy/.json) ranking the draft vocabulary")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="0 (greedy), 1 (sampling), or both")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="perf_out")
     args = parser.parse_args(argv)
@@ -52,9 +59,21 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     settings = PerfSettings(
         target=model.target, draft_model=model.draft_model, dtype=args.dtype or model.get("dtype", "bfloat16"),
         tasks=tuple(args.tasks), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gamma=args.gamma, draft_length=args.draft_length, data_dir=args.data_dir,
+        repeats=args.repeats, gamma=args.gamma, draft_lengths=tuple(args.draft_length),
+        draft_vocabs=tuple(parse_vocab(value) for value in args.draft_vocab), temperatures=tuple(args.temperatures),
+        token_counts=args.token_counts, data_dir=args.data_dir,
     )  # fmt: skip
+    settings.check()
     return settings, Path(args.out)
+
+
+def parse_vocab(value: str) -> int | None:
+    if value.lower() in ("none", "null", "all"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"--draft-vocab {value} is invalid: allowed are none and integers >= 1") from None
 
 
 def main(argv: list[str] | None = None) -> int:

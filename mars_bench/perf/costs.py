@@ -75,9 +75,12 @@ def forward_seconds(model: Any, context: int, width: int, repeats: int = 10) -> 
     return statistics.median(times[1:])
 
 
-def predicted_speedup(tau: float, drafts_per_step: float, target_one: float, target_verify: float, draft_one: float) -> float:
+def predicted_step_speedup(emitted: int, step_drafts: list[int], target_s: dict[int, float], draft_one: float) -> float:
     """Tokens per second of chain speculative decoding over autoregressive decoding when only
-    forwards cost time: each step drafts ``drafts_per_step`` tokens (one drafter forward each),
-    runs one target forward over them plus the root, and emits ``tau`` tokens; autoregressive
-    decoding emits one token per ``target_one`` seconds."""
-    return tau * target_one / (drafts_per_step * draft_one + target_verify)
+    forwards cost time, for the steps a decode took: step i drafts ``step_drafts[i]`` tokens (one
+    drafter forward each, at ``draft_one`` seconds) and runs one target forward over them plus the
+    root (``target_s[width]`` seconds for ``width`` tokens); the steps emit ``emitted`` tokens,
+    which autoregressive decoding would make at ``target_s[1]`` seconds each. With a fixed draft
+    length d and tau tokens per step this is tau * target_s[1] / (d * draft_one + target_s[d + 1])."""
+    step_seconds = sum(drafts * draft_one + target_s[drafts + 1] for drafts in step_drafts)
+    return emitted * target_s[1] / step_seconds

@@ -1,9 +1,17 @@
 """The timed comparisons. Every number comes from wall-clock time around one whole decode
 call (ours or transformers'), in one process, on the same prompts, with the order of the
-two methods alternating per prompt and per repeat."""
+methods rotating per prompt and per repeat.
+
+Methods, at each temperature asked for: our autoregressive baseline; transformers' plain
+``generate`` (greedy only) and assisted generation, on models loaded exactly as a
+transformers user loads them (``peer.load_peer``); our chain speculative decoding in each
+drafter configuration (a draft-length policy and a draft vocabulary), with ``exact`` when
+greedy and ``rejection`` when sampling.
+"""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -20,13 +28,28 @@ from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
+from mars_bench.drafting.draft_vocab import DraftVocabSettings
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.paths import CONF_DIR
-from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_speedup
-from mars_bench.perf.peer import assistant_settings, peer_generate, peer_generation_config
+from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
+from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.tasks.providers import load_questions
 
 CONF_TASKS = CONF_DIR / "task"
+OURS, PEER = "ours", "transformers"
+Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per prompt: one timed run
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """One configuration of our model drafter: its draft-length policy and draft vocabulary (K or None: all)."""
+
+    length: str = "fixed"
+    vocab: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.length + (f" + vocab {self.vocab}" if self.vocab else "")
 
 
 @dataclass(frozen=True)
@@ -39,7 +62,11 @@ class PerfSettings:
     max_new_tokens: int = 128
     repeats: int = 3
     gamma: int = 5
-    draft_length: str = "fixed"
+    draft_lengths: tuple[str, ...] = ("fixed",)
+    draft_vocabs: tuple[int | None, ...] = (None,)
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    max_gamma: int = 16  # the schedule policy's longest draft
+    token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
     data_dir: str | None = None
 
     def check(self) -> None:
@@ -47,22 +74,50 @@ class PerfSettings:
                               ("repeats", self.repeats), ("gamma", self.gamma)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
-        draft_length_policy(self.draft_length, self.gamma)
+        for length in self.draft_lengths:
+            draft_length_policy(length, self.gamma, self.max_gamma)
+        for vocab in self.draft_vocabs:
+            DraftVocabSettings(draft_vocab=vocab, token_counts=self.token_counts if vocab else None)
+        for temperature in self.temperatures:
+            if temperature not in (0.0, 1.0):
+                raise ValueError(f"--temperatures {temperature:g} is invalid: allowed are 0 (greedy) and 1 (sampling)")
+
+    def configs(self) -> list[DraftConfig]:
+        return [DraftConfig(length, vocab) for length, vocab in itertools.product(self.draft_lengths, self.draft_vocabs)]
 
 
 @dataclass(frozen=True)
-class Comparison:
-    name: str
+class Method:
+    """One way to decode a prompt: ours (``config`` None: the autoregressive baseline) or
+    transformers' (``assisted``: assisted generation, else plain ``generate``)."""
+
+    side: str
     temperature: float
-    verifier: str | None  # ours: None = the autoregressive baseline
-    assisted: bool  # transformers: assisted generation or plain generate
+    config: DraftConfig | None = None
+    assisted: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.side == PEER:
+            label = "assisted generation" if self.assisted else "generate"
+        else:
+            label = f"chain {self.verifier}, {self.config.name}" if self.config else "AR baseline"
+        return f"T={self.temperature:g} {self.side} {label}"
+
+    @property
+    def verifier(self) -> str | None:
+        return None if self.config is None else ("exact" if self.temperature == 0 else "rejection")
 
 
-COMPARISONS = (
-    Comparison("AR baseline vs generate (greedy)", 0.0, None, False),
-    Comparison("chain exact vs assisted (greedy)", 0.0, "exact", True),
-    Comparison("chain rejection vs assisted sampling (T=1)", 1.0, "rejection", True),
-)
+def methods_for(settings: PerfSettings) -> list[Method]:
+    methods = []
+    for temperature in settings.temperatures:
+        methods.append(Method(OURS, temperature))
+        if temperature == 0:
+            methods.append(Method(PEER, temperature))
+        methods.append(Method(PEER, temperature, assisted=True))
+        methods += [Method(OURS, temperature, config) for config in settings.configs()]
+    return methods
 
 
 def task_prompts(tokenizer: Any, settings: PerfSettings) -> list[list[int]]:
@@ -85,34 +140,50 @@ class Suite:
         self.target = load_model(settings.target, dtype=settings.dtype)
         self.draft = load_model(settings.draft_model, dtype=settings.dtype)
         check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
+        # transformers' side runs on its own load, as its users load models (see peer.load_peer).
+        self.peer_target = load_peer(self.target.resolved.path, settings.dtype)
+        self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype)
         self.stops = stop_token_ids(self.target)
         self.prompts = task_prompts(self.target.tokenizer, settings)
-        min_confidence = DrafterConfig.min_confidence if settings.draft_length == "confidence" else None
-        self.drafter = drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence)
+        self.methods = methods_for(settings)
+        self.drafters = {config: self.build_drafter(config) for config in settings.configs()}
         pad = self.target.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stops[0]
         self.meter = ContentionMeter()  # what other processes used while each decode was timed
 
-    def ours(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
-        s = self.settings
-        result, timing = self.timed(lambda: decode(
-            self.target.model, self.drafter if comparison.verifier else None, comparison.verifier, prompt,
-            max_new_tokens=budget, gamma=s.gamma, temperature=comparison.temperature, stop_token_ids=self.stops,
-            seed=seed, draft_length=draft_length_policy(s.draft_length, s.gamma),
+    def build_drafter(self, config: DraftConfig) -> Any:
+        min_confidence = DrafterConfig.min_confidence if config.length == "confidence" else None
+        counts = self.settings.token_counts if config.vocab else None
+        return drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence,
+                           tokenizer=self.target.tokenizer, draft_vocab=config.vocab, token_counts=counts)  # fmt: skip
+
+    def run(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
+        return self.ours(method, prompt, seed, budget) if method.side == OURS else self.peer(method, prompt, seed, budget)
+
+    def ours(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
+        s, drafter = self.settings, self.drafters.get(method.config)
+        length = draft_length_policy(method.config.length if method.config else "fixed", s.gamma, s.max_gamma)
+        drafter_model = drafter.model if drafter is not None else self.draft.model
+        result, timing = self.timed((self.target.model, drafter_model), lambda: decode(
+            self.target.model, drafter, method.verifier, prompt, max_new_tokens=budget, gamma=s.gamma,
+            temperature=method.temperature, stop_token_ids=self.stops, seed=seed, draft_length=length,
         ))  # fmt: skip
         return {"tokens": result.tokens, **timing, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
                 "steps": result.verify_steps, "emitted": result.new_tokens - 1, "drafted": result.drafted,
+                "step_drafts": [step.drafted for step in result.steps],
                 **{f"{phase}_s": value for phase, value in result.phase_seconds().items()}}  # fmt: skip
 
-    def peer(self, comparison: Comparison, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
-        config = peer_generation_config(budget, comparison.temperature, self.stops, self.pad_id)
-        assistant = self.draft.model if comparison.assisted else None
-        tokens, timing = self.timed(lambda: peer_generate(self.target.model, prompt, config, assistant, seed=seed))
+    def peer(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
+        config = peer_generation_config(budget, method.temperature, self.stops, self.pad_id)
+        assistant = self.peer_draft if method.assisted else None
+        tokens, timing = self.timed((self.peer_target, self.peer_draft),
+                                    lambda: peer_generate(self.peer_target, prompt, config, assistant, seed=seed))  # fmt: skip
         return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], **timing}
 
-    def timed(self, call: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
-        """``call()``, its wall seconds, and the count and seconds of each model's forwards inside it."""
-        with ForwardTimer(self.target.model) as target, ForwardTimer(self.draft.model) as draft:
+    def timed(self, models: tuple[Any, Any], call: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+        """``call()``, its wall seconds, and the count and seconds of each model's forwards inside it
+        (``models``: the target and the drafter that side runs)."""
+        with ForwardTimer(models[0]) as target, ForwardTimer(models[1]) as draft:
             self.meter.start()
             start = time.perf_counter()
             value = call()
@@ -123,22 +194,17 @@ class Suite:
                        "other_load": contention.other_load, "disturbed": contention.disturbed()}  # fmt: skip
 
     def warm_up(self) -> None:
-        for comparison in COMPARISONS:
-            self.ours(comparison, self.prompts[0], 0, 8)
-            self.peer(comparison, self.prompts[0], 0, 8)
+        for method in self.methods:
+            self.run(method, self.prompts[0], 0, 8)
 
-    def repeat(self, comparison: Comparison, repeat: int) -> dict[str, Any]:
-        ours, peer = [], []
+    def repeat(self, repeat: int) -> dict[str, list[dict[str, Any]]]:
+        """Every method on every prompt, the methods' order rotated by one per prompt and per repeat."""
+        runs: dict[str, list[dict[str, Any]]] = {method.name: [] for method in self.methods}
         for index, prompt in enumerate(self.prompts):
-            seed = 1000 * repeat + index
-            budget = self.settings.max_new_tokens
-            if (index + repeat) % 2 == 0:
-                ours.append(self.ours(comparison, prompt, seed, budget))
-                peer.append(self.peer(comparison, prompt, seed, budget))
-            else:
-                peer.append(self.peer(comparison, prompt, seed, budget))
-                ours.append(self.ours(comparison, prompt, seed, budget))
-        return {"ours": ours, "peer": peer}
+            shift = (index + repeat) % len(self.methods)
+            for method in self.methods[shift:] + self.methods[:shift]:
+                runs[method.name].append(self.run(method, prompt, 1000 * repeat + index, self.settings.max_new_tokens))
+        return runs
 
 
 def forward_use(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -157,64 +223,93 @@ def throughput(runs: list[dict[str, Any]], seconds: str = "seconds") -> float:
     return sum(len(run["tokens"]) for run in runs) / sum(run[seconds] for run in runs)
 
 
-def summarise(comparison: Comparison, repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    ratios = [throughput(r["ours"]) / throughput(r["peer"]) for r in repeats]
-    per_prompt = [throughput([a]) / throughput([b]) for r in repeats for a, b in zip(r["ours"], r["peer"])]
-    ours = [run for r in repeats for run in r["ours"]]
-    identical = sum(a["tokens"] == b["tokens"] for r in repeats for a, b in zip(r["ours"], r["peer"]))
-    decode_s = sum(run["decode_s"] for run in ours)
-    phases = {phase: sum(run[f"{phase}_s"] for run in ours) / decode_s for phase in PHASES}
-    steps = sum(run["steps"] for run in ours)
-    return {
-        "comparison": comparison.name,
-        "ours_tok_s": throughput(ours),
-        "peer_tok_s": throughput([run for r in repeats for run in r["peer"]]),
-        "ratio_min": min(ratios), "ratio_median": statistics.median(ratios), "ratio_max": max(ratios), "ratios": ratios,
-        "prompt_ratio_min": min(per_prompt), "prompt_ratio_median": statistics.median(per_prompt),
-        "prompt_ratio_max": max(per_prompt),
-        "identical": identical if comparison.temperature == 0 else None,
-        "runs": len(ours),
-        "disturbed_runs": sum(run["disturbed"] for r in repeats for run in (*r["ours"], *r["peer"])),
-        "phase_share": phases,
-        # Prefill forwards are counted too, so this slightly overstates the decode loop's share.
-        "outside_forwards_share": sum(run["prefill_s"] + run["decode_s"] - run["target_forward_s"] - run["drafter_forward_s"]
-                                      for run in ours) / decode_s,  # fmt: skip
-        "tau": sum(run["emitted"] for run in ours) / steps,
-        "drafts_per_step": sum(run["drafted"] for run in ours) / steps,
-        "ours_decode_tok_s": sum(run["emitted"] for run in ours) / decode_s,
-        "ours_forwards": forward_use(ours),
-        "peer_forwards": forward_use([run for r in repeats for run in r["peer"]]),
+def ratio_stats(mine: list[list[dict[str, Any]]], other: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Throughput of ``mine`` over ``other`` (each: per repeat, the runs of every prompt in order):
+    min / median / max over repeats and over single prompts."""
+    ratios = [throughput(a) / throughput(b) for a, b in zip(mine, other)]
+    per_prompt = [throughput([a]) / throughput([b]) for ra, rb in zip(mine, other) for a, b in zip(ra, rb)]
+    return {"ratios": ratios, "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios),
+            "prompt_min": min(per_prompt), "prompt_median": statistics.median(per_prompt),
+            "prompt_max": max(per_prompt)}  # fmt: skip
+
+
+def summarise_method(method: Method, repeats: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    runs = [run for repeat in repeats for run in repeat]
+    row: dict[str, Any] = {
+        "method": method.name, "side": method.side, "temperature": method.temperature,
+        "config": None if method.config is None else asdict(method.config), "assisted": method.assisted,
+        "tok_s": throughput(runs), "runs": len(runs), "disturbed_runs": sum(run["disturbed"] for run in runs),
+        "forwards": forward_use(runs),
     }  # fmt: skip
+    if method.side == OURS:
+        decode_s = sum(run["decode_s"] for run in runs)
+        steps = sum(run["steps"] for run in runs)
+        row |= {
+            "decode_tok_s": sum(run["emitted"] for run in runs) / decode_s,
+            "tau": sum(run["emitted"] for run in runs) / steps,
+            "drafts_per_step": sum(run["drafted"] for run in runs) / steps,
+            "phase_share": {phase: sum(run[f"{phase}_s"] for run in runs) / decode_s for phase in PHASES},
+            # Prefill forwards are counted too, so this slightly overstates the decode loop's share.
+            "outside_forwards_share": sum(run["prefill_s"] + run["decode_s"] - run["target_forward_s"] - run["drafter_forward_s"]
+                                          for run in runs) / decode_s,
+        }  # fmt: skip
+    return row
+
+
+def comparisons(methods: list[Method], raw: Raw) -> list[dict[str, Any]]:
+    """Each of our speculative methods against our AR baseline and against assisted generation at
+    its temperature; our AR baseline and assisted generation against plain ``generate``."""
+    by_key = {(m.side, m.temperature, m.assisted, m.config): m for m in methods}
+    pairs = []
+    for method in methods:
+        t = method.temperature
+        if method.side == OURS and method.config is not None:
+            pairs += [(method, by_key[(OURS, t, False, None)]), (method, by_key[(PEER, t, True, None)])]
+        elif t == 0 and (method.side, method.assisted) in ((OURS, False), (PEER, True)):
+            pairs.append((method, by_key[(PEER, t, False, None)]))
+    rows = []
+    for mine, other in pairs:
+        identical = sum(a["tokens"] == b["tokens"] for ra, rb in zip(raw[mine.name], raw[other.name]) for a, b in zip(ra, rb))
+        rows.append({"method": mine.name, "against": other.name, **ratio_stats(raw[mine.name], raw[other.name]),
+                     "identical": identical if mine.temperature == 0 else None,
+                     "runs": sum(len(repeat) for repeat in raw[mine.name])})  # fmt: skip
+    return rows
 
 
 def forward_costs(suite: Suite) -> dict[str, Any]:
-    """Forward seconds at a typical context: the prompts' median length plus half the budget."""
+    """Forward seconds at a typical context (the prompts' median length plus half the budget): the
+    target over 1 to (longest draft + 1) tokens, and one-token drafter forwards per draft vocabulary."""
     s = suite.settings
     context = int(statistics.median(len(p) for p in suite.prompts)) + s.max_new_tokens // 2
+    longest = max(s.max_gamma if config.length == "schedule" else s.gamma for config in s.configs())
+    drafters = {str(config.vocab): drafter.model for config, drafter in suite.drafters.items()}
     return {
         "context_tokens": context,
-        "target_1": forward_seconds(suite.target.model, context, 1),
-        f"target_{s.gamma + 1}": forward_seconds(suite.target.model, context, s.gamma + 1),
-        "drafter_1": forward_seconds(suite.draft.model, context, 1),
+        "target": {width: forward_seconds(suite.target.model, context, width) for width in range(1, longest + 2)},
+        "drafter": {vocab: forward_seconds(model, context, 1) for vocab, model in drafters.items()},
     }
 
 
-def analytic_model(settings: PerfSettings, costs: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The speedup over our AR baseline that the forward costs and the measured tau predict."""
-    s = settings
-    baseline = results[COMPARISONS[0].name]
+def analytic_model(methods: list[Method], costs: dict[str, Any], raw: Raw,
+                   results: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """Per speculative method: the speedup over our AR baseline (decode time only) that the forward
+    costs predict for the steps it actually took, beside the measured one."""
     predictions = {}
-    for comparison in COMPARISONS[1:]:
-        row = results[comparison.name]
-        predicted = predicted_speedup(row["tau"], row["drafts_per_step"], costs["target_1"],
-                                      costs[f"target_{s.gamma + 1}"], costs["drafter_1"])  # fmt: skip
-        measured = row["ours_decode_tok_s"] / baseline["ours_decode_tok_s"]
-        predictions[comparison.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted}
+    for method in methods:
+        if method.side != OURS or method.config is None:
+            continue
+        runs = [run for repeat in raw[method.name] for run in repeat]
+        step_drafts = [drafted for run in runs for drafted in run["step_drafts"]]
+        predicted = predicted_step_speedup(sum(run["emitted"] for run in runs), step_drafts, costs["target"],
+                                           costs["drafter"][str(method.config.vocab)])  # fmt: skip
+        baseline = results[Method(OURS, method.temperature).name]
+        measured = results[method.name]["decode_tok_s"] / baseline["decode_tok_s"]
+        predictions[method.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted}
     return {"costs": costs, "speedup_over_our_baseline": predictions}
 
 
 def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Every comparison, ``settings.repeats`` times; ``after_repeat`` gets the report over the
+    """Every method, ``settings.repeats`` times; ``after_repeat`` gets the report over the
     repeats done so far (so an interrupted run keeps what it measured)."""
     # Read once, as the run starts: a report rewritten after each repeat describes that start.
     environment = {"git": git_state(), "source_sha256": source_hash(), "packages": package_versions(),
@@ -222,28 +317,28 @@ def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], N
     suite = Suite(settings)
     suite.warm_up()
     costs = forward_costs(suite)
-    raw: dict[str, list[dict[str, Any]]] = {c.name: [] for c in COMPARISONS}
+    raw: Raw = {method.name: [] for method in suite.methods}
     for repeat in range(settings.repeats):
-        for comparison in COMPARISONS:
-            raw[comparison.name].append(suite.repeat(comparison, repeat))
+        for name, runs in suite.repeat(repeat).items():
+            raw[name].append(runs)
         report = build_report(suite, environment, costs, raw, repeat + 1)
         if after_repeat is not None:
             after_repeat(report)
     return report
 
 
-def build_report(
-    suite: Suite, environment: dict[str, Any], costs: dict[str, Any], raw: dict[str, list[dict[str, Any]]], repeats_done: int
-) -> dict[str, Any]:
-    results = {c.name: summarise(c, raw[c.name]) for c in COMPARISONS}
+def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any], raw: Raw, repeats_done: int) -> dict[str, Any]:
+    results = {method.name: summarise_method(method, raw[method.name]) for method in suite.methods}
     return {
         "settings": asdict(suite.settings),
         "environment": environment,
         "repeats_done": repeats_done,
         "prompts": len(suite.prompts),
-        "assisted_generation": assistant_settings(suite.draft.model),
+        "peer_loading": PEER_LOADING.format(dtype=suite.settings.dtype),
+        "assisted_generation": assistant_settings(suite.peer_draft),
         "results": results,
-        "analytic": analytic_model(suite.settings, costs, results),
-        "raw": {name: [{side: [{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in r[side]]
-                               for side in ("ours", "peer")} for r in repeats] for name, repeats in raw.items()},  # fmt: skip
+        "comparisons": comparisons(suite.methods, raw),
+        "analytic": analytic_model(suite.methods, costs, raw, results),
+        "raw": {name: [[{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in repeat] for repeat in repeats]
+                for name, repeats in raw.items()},  # fmt: skip
     }
