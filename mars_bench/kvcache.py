@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from mars_bench.placement import input_device
-from mars_bench.trees import additive_mask, ancestor_matrix, node_depths
+from mars_bench.trees import additive_mask, device_tree_structure
 
 
 def crop_to(cache: Any, length: int) -> None:
@@ -23,11 +23,15 @@ def keep_positions(cache: Any, positions: torch.Tensor) -> None:
 
     After a tree forward this keeps the prefix and the accepted path (transformers has no
     API for selecting sequence positions; the layers' key and value tensors are public).
+    The index goes to each device once, not once per layer (a host copy syncs a GPU).
     """
+    on_device: dict[torch.device, torch.Tensor] = {}
     for layer in cache.layers:
-        index = positions.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = positions.to(device)
+        layer.keys = layer.keys.index_select(-2, on_device[device])
+        layer.values = layer.values.index_select(-2, on_device[device])
 
 
 TREE_ATTENTION = ("eager", "sdpa")  # the attention implementations that apply a 4D additive mask as given
@@ -42,16 +46,17 @@ def check_tree_attention(model: Any) -> None:
         )
 
 
-def tree_attention(parents: torch.Tensor, past_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_attention(parents: torch.Tensor, past_len: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """What each of n new tokens laid out as a tree over ``past_len`` cached ones may attend
     to (BoolTensor[n, past_len + n]: the whole prefix, its ancestors and itself) and its
-    position id (LongTensor[n]: past_len + depth).
+    position id (LongTensor[n]: past_len + depth), built on ``device``.
 
-    parents: LongTensor[n] on the CPU, each token's parent within the block, -1 for a token
-    that follows the cached prefix directly.
+    parents: LongTensor[n] (any device), each token's parent within the block, -1 for a
+    token that follows the cached prefix directly; parents come before their children.
     """
-    allowed = torch.cat([torch.ones(parents.shape[0], past_len, dtype=torch.bool), ancestor_matrix(parents)], dim=1)
-    return allowed, past_len + node_depths(parents)
+    depths, ancestors = device_tree_structure(parents.to(device))
+    prefix = torch.ones(parents.shape[0], past_len, dtype=torch.bool, device=device)
+    return torch.cat([prefix, ancestors], dim=1), past_len + depths
 
 
 def cached_forward(
@@ -82,7 +87,7 @@ def cached_forward(
     keep = torch.tensor([tokens.shape[0] - 1], device=device) if last_only else 0
     extra: dict[str, Any] = {}
     if parents is not None:
-        attention = tree_attention(parents, cache.get_seq_length())
+        attention = tree_attention(parents, cache.get_seq_length(), device)
     if attention is not None:
         check_tree_attention(model)
         allowed, positions = attention

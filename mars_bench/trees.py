@@ -1,6 +1,7 @@
 """Tree structure shared by drafting, the engine and the verifiers.
 
-A tree of N drafted nodes is given by ``parents`` (LongTensor[N] on the CPU): the index of
+A tree of N drafted nodes is given by ``parents`` (LongTensor[N], on the CPU except for
+``device_tree_structure``): the index of
 each node's parent, -1 for a child of the root (the last committed token), in topological
 order (every parent before its children). A chain is the tree with parents [-1, 0, 1, ...].
 Depth 0 is a child of the root.
@@ -41,6 +42,20 @@ def tree_structure(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor
             depths[index] = depths[parent] + 1
             ancestors[index] |= ancestors[parent]
     return depths, ancestors
+
+
+def device_tree_structure(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depths LongTensor[N], ancestors BoolTensor[N, N]) of ``parents`` (LongTensor[N]), on its
+    device with no host sync: what ``tree_structure`` gives, for a tree whose parents need not
+    come to the host. Ancestor sets by path doubling: after r rounds every ancestor up to 2^r
+    levels above is marked, and no path is longer than N - 1. Parents are not validated."""
+    count = parents.shape[0]
+    index = torch.arange(count, device=parents.device)
+    ancestors = (index[:, None] == index[None, :]) | (parents[:, None] == index[None, :])
+    for _ in range(max(count - 1, 0).bit_length()):
+        reach = ancestors.float()
+        ancestors = (reach @ reach) > 0
+    return ancestors.sum(dim=1) - 1, ancestors
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

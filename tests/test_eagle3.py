@@ -22,7 +22,6 @@ from mars_bench.drafting.eagle3 import (
     load_eagle3_head,
     random_head_state,
 )
-from mars_bench.drafting.tree import DraftTree
 from mars_bench.trees import node_depths
 from mars_bench.verification.sampling import SamplingParams
 
@@ -74,18 +73,24 @@ class RecordingDrafter(Eagle3Drafter):
     ``outputs`` {node of grown: (draft logits, hidden)} for every node fed to the head."""
 
     def propose(self, *args, **kwargs):
-        self.grown, self.outputs = DraftTree(), {}
+        self.grown, self.outputs = None, {}
         return super().propose(*args, **kwargs)
 
     def root_outputs(self, context):
         self.root_seen = super().root_outputs(context)
         return self.root_seen
 
-    def feed_frontier(self, tree, frontier, parent_hidden, fed, committed):
-        logits, hidden = super().feed_frontier(tree, frontier, parent_hidden, fed, committed)
-        self.grown = tree
-        self.outputs.update({node: (logits[row], hidden[row]) for row, node in enumerate(frontier)})
+    def feed_frontier(self, frontier, parent_hidden, committed):
+        logits, hidden = super().feed_frontier(frontier, parent_hidden, committed)
+        self.grown = frontier.tree
+        self.outputs.update({node: (logits[row], hidden[row]) for row, node in enumerate(frontier.nodes.tolist())})
         return logits, hidden
+
+    def grown_lists(self) -> tuple[list[int], list[int], list[float]]:
+        """(tokens, parents, q) of every grown node, in creation order."""
+        tree = self.grown
+        size = tree.size
+        return tree.tokens[:size].tolist(), tree.parents[:size].tolist(), tree.logq[:size].exp().tolist()
 
 
 def recording(target, head_dir, top_k: int, tree_tokens: int) -> RecordingDrafter:
@@ -213,33 +218,34 @@ def test_the_tree_forward_equals_each_path_run_as_a_chain(target, head_dir):
     drafter = recording(target, head_dir, top_k=3, tree_tokens=20)
     context = started(target, drafter, PROMPT)
     drafter.propose(torch.tensor(context), 5, GREEDY, None)
-    head, grown, outputs = drafter.head, drafter.grown, drafter.outputs
+    head, outputs = drafter.head, drafter.outputs
+    tokens, parents, probs = drafter.grown_lists()
     root_logits, root_hidden = drafter.root_seen
     committed = head.cache_length
     assert committed == len(context) - 1 and len(outputs) == 3 * 4  # top_k frontier nodes at depths 0..3
-    depths = [0 if parent < 0 else None for parent in grown.parents]
-    for node in range(len(grown)):
-        depths[node] = 0 if grown.parents[node] < 0 else depths[grown.parents[node]] + 1
+    depths = [0 if parent < 0 else None for parent in parents]
+    for node in range(len(parents)):
+        depths[node] = 0 if parents[node] < 0 else depths[parents[node]] + 1
     worst = 0.0
     for node, (tree_logits, tree_hidden) in outputs.items():
         path = [node]
-        while grown.parents[path[0]] >= 0:
-            path.insert(0, grown.parents[path[0]])
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
         hidden = root_hidden
         for step, member in enumerate(path):
             assert depths[member] == step
-            token = torch.tensor([grown.tokens[member]])
+            token = torch.tensor([tokens[member]])
             logits, hidden = head(token, hidden[None], torch.tensor([committed + step]))
             logits, hidden = logits[0], hidden[0]
         head.truncate(committed)
         worst = max(worst, float((logits - tree_logits).abs().max()), float((hidden - tree_hidden).abs().max()))
     assert worst < 1e-4
     # q of every grown node: the head's softmax probability of its token after its parent.
-    for node in range(len(grown)):
-        parent = grown.parents[node]
+    for node in range(len(parents)):
+        parent = parents[node]
         parent_logits = root_logits if parent < 0 else outputs[parent][0]
-        expected = head.target_logprobs(parent_logits[None])[0, grown.tokens[node]].exp()
-        assert abs(float(expected) - grown.probs[node]) < 1e-5
+        expected = head.target_logprobs(parent_logits[None])[0, tokens[node]].exp()
+        assert abs(float(expected) - probs[node]) < 1e-5
 
 
 def test_a_mask_that_ignores_the_tree_changes_the_outputs(target, head_dir):
@@ -247,12 +253,13 @@ def test_a_mask_that_ignores_the_tree_changes_the_outputs(target, head_dir):
     drafter = recording(target, head_dir, top_k=3, tree_tokens=20)
     context = started(target, drafter, PROMPT)
     drafter.propose(torch.tensor(context), 3, GREEDY, None)
-    head, grown, outputs = drafter.head, drafter.grown, drafter.outputs
+    head, outputs = drafter.head, drafter.outputs
+    tokens, parents, _ = drafter.grown_lists()
     committed = head.cache_length
     nodes = list(outputs)
-    hidden_in = torch.stack([drafter.root_seen[1] if grown.parents[n] < 0 else outputs[grown.parents[n]][1] for n in nodes])
-    positions = torch.tensor([committed + (0 if grown.parents[n] < 0 else 1) for n in nodes])
-    logits, _ = head(torch.tensor([grown.tokens[n] for n in nodes]), hidden_in, positions)  # causal over all nodes
+    hidden_in = torch.stack([drafter.root_seen[1] if parents[n] < 0 else outputs[parents[n]][1] for n in nodes])
+    positions = torch.tensor([committed + (0 if parents[n] < 0 else 1) for n in nodes])
+    logits, _ = head(torch.tensor([tokens[n] for n in nodes]), hidden_in, positions)  # causal over all nodes
     head.truncate(committed)
     assert float((logits - torch.stack([outputs[n][0] for n in nodes])).abs().max()) > 1e-2
 

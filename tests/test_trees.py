@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from mars_bench import build_drafter, decode
 from mars_bench.decoding.engine import block_parents
-from mars_bench.drafting.tree import DraftTree, TreeShape, expand_tree
+from mars_bench.drafting.tree import Frontier, TreeShape, expand_tree
 from mars_bench.kvcache import cached_forward, cached_logits, keep_positions
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
@@ -171,16 +171,17 @@ def test_parents_out_of_topological_order_are_refused():
 def test_the_expansion_keeps_the_best_nodes_with_their_ancestors():
     generator = torch.Generator().manual_seed(0)
 
-    def next_logprobs(tree: DraftTree, frontier: list[int]) -> torch.Tensor:
-        return torch.log_softmax(torch.randn(len(frontier), 30, generator=generator) * 2, -1)
+    def next_logprobs(frontier: Frontier) -> torch.Tensor:
+        return torch.log_softmax(torch.randn(frontier.nodes.shape[0], 30, generator=generator) * 2, -1)
 
     shape = TreeShape(depth=4, top_k=3, tree_tokens=12)
     tree = expand_tree(torch.log_softmax(torch.randn(30, generator=generator), -1), next_logprobs, shape)
-    assert len(tree) == 11
-    assert all(parent < node for node, parent in enumerate(tree.parents))
-    assert all(tree.scores[node] <= tree.scores[parent] for node, parent in enumerate(tree.parents) if parent >= 0)
-    for parent in set(tree.parents):
-        children = [tree.tokens[node] for node, p in enumerate(tree.parents) if p == parent]
+    parents, scores, tokens = tree.parents.tolist(), tree.scores.tolist(), tree.tokens.tolist()
+    assert len(parents) == 11
+    assert all(parent < node for node, parent in enumerate(parents))
+    assert all(scores[node] <= scores[parent] for node, parent in enumerate(parents) if parent >= 0)
+    for parent in set(parents):
+        children = [tokens[node] for node, p in enumerate(parents) if p == parent]
         assert len(children) == len(set(children)) <= 3
 
 

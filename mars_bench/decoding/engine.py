@@ -161,7 +161,7 @@ class _Run:
             draft = self.drafter.propose(context, max_drafts, self.sampling, self.generator)
         else:
             draft = empty_draft(self.device)
-        draft_tokens = draft.tokens.tolist()
+        draft_tokens = draft.token_list()
         draft_s = clock.lap()
         root = context[-1:].to(self.device)
         tree = draft.parents is not None and not is_chain(draft.parents)

@@ -30,15 +30,22 @@ class Draft:
     probs: FloatTensor[N] or None, q(token) under the drafter's processed distribution.
     dists: FloatTensor[N, V] or None, the full processed distributions (only when the
         drafter sampled; None means the tokens were chosen deterministically).
+    host_tokens: LongTensor[N] on the CPU or None: ``tokens`` as the drafter already brought
+        them to the host (with ``parents``, in one transfer), so the engine needs no other.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     dists: torch.Tensor | None = None
     parents: torch.Tensor | None = None
+    host_tokens: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def token_list(self) -> list[int]:
+        """The drafted token ids on the host (a transfer only when the drafter made no host copy)."""
+        return (self.tokens if self.host_tokens is None else self.host_tokens).tolist()
 
 
 @dataclass(frozen=True)

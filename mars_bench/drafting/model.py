@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_without_model, register_drafter
 from mars_bench.drafting.draft_vocab import DraftVocabSettings, reduced_draft_model
-from mars_bench.drafting.tree import DraftTree, TreeSettings, TreeShape, expand_tree, frontier_block
+from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.placement import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
@@ -157,21 +157,14 @@ class TreeModelDrafter(ModelDrafter):
         self._rewind()
         _, root_probs = self._draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
         self.cached_valid = self.cached_total  # the whole context is cached now
-        fed: list[int] = []  # tree nodes in the cache after the committed context, in feed order
 
-        def next_logprobs(tree: DraftTree, frontier: list[int]) -> torch.Tensor:
-            tokens, positions, allowed = frontier_block(tree, frontier, fed, self.cached_valid)
-            logits, _ = cached_forward(self.model, tokens, self.cache, attention=(allowed, positions))
-            fed.extend(frontier)
+        def next_logprobs(frontier: Frontier) -> torch.Tensor:
+            logits, _ = cached_forward(self.model, frontier.tokens, self.cache, attention=frontier.attention(self.cached_valid))
             return torch.log(self._draft_probs(logits, sampling)[1])
 
         tree = expand_tree(torch.log(root_probs[0]), next_logprobs, shape)
         self._rewind()
-        return Draft(
-            tokens=torch.tensor(tree.tokens, device=self.device),
-            probs=torch.tensor(tree.probs, device=self.device),
-            parents=torch.tensor(tree.parents),
-        )
+        return tree.to_draft(self.device)
 
     def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
         """Nothing to keep: the committed context is cached, the tree was dropped."""

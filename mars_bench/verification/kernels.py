@@ -71,7 +71,11 @@ class TreeLayout:
 
 @lru_cache(maxsize=256)
 def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
-    """The layout of ``parents`` (cached: a chain's costs nothing after its first step)."""
+    """The layout of ``parents`` (cached: a chain's costs nothing after its first step).
+
+    Its index tensors reach ``device`` in one host-to-device copy (each copy syncs a GPU), and
+    ``siblings`` is computed there.
+    """
     parent_tensor = torch.tensor(parents, dtype=torch.long)
     rows = [parent + 1 for parent in parents]
     waves: list[list[tuple[int, int]]] = []  # per rank >= 1: (node, previous sibling)
@@ -84,18 +88,19 @@ def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
             last_child[row] = (node, rank + 1)
         else:
             last_child[row] = (node, 0)
-    row_tensor = torch.tensor(rows, dtype=torch.long)
     depths = node_depths(parent_tensor)
+    parts = [rows, depths.tolist(), sorted(last_child)] + [[n for wave in waves for n, _ in wave]]
+    parts += [[p for wave in waves for _, p in wave], ancestor_matrix(parent_tensor).flatten().tolist()]
+    packed = torch.tensor([value for part in parts for value in part], dtype=torch.long).to(device)
+    row_tensor, depth_tensor, judging, wave_nodes, wave_before, ancestors = packed.split([len(part) for part in parts])
+    wave_sizes = [len(wave) for wave in waves]
     return TreeLayout(
-        parent_rows=row_tensor.to(device),
-        ancestors=ancestor_matrix(parent_tensor).to(device),
-        siblings=(row_tensor[:, None] == row_tensor[None, :]).to(device),
-        depth_tensor=depths.to(device),
-        sibling_waves=tuple(
-            (torch.tensor([n for n, _ in wave], device=device), torch.tensor([p for _, p in wave], device=device))
-            for wave in waves
-        ),
-        judging_rows=torch.tensor(sorted(last_child), dtype=torch.long, device=device),
+        parent_rows=row_tensor,
+        ancestors=ancestors.view(len(parents), len(parents)).bool(),
+        siblings=row_tensor[:, None] == row_tensor[None, :],
+        depth_tensor=depth_tensor,
+        sibling_waves=tuple(zip(wave_nodes.split(wave_sizes), wave_before.split(wave_sizes))),
+        judging_rows=judging,
         depths=tuple(depths.tolist()),
         has_children=tuple(row in last_child for row in range(len(parents) + 1)),
         chain=is_chain(parent_tensor),

@@ -13,7 +13,7 @@ import torch
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, register_drafter
 from mars_bench.drafting.eagle3.checkpoint import load_eagle3_head, target_sizes
 from mars_bench.drafting.eagle3.head import Eagle3Head, eagle3_hidden_layers
-from mars_bench.drafting.tree import DraftTree, TreeSettings, TreeShape, expand_tree, frontier_block
+from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
 from mars_bench.placement import input_device
 from mars_bench.verification.sampling import SamplingParams
 
@@ -118,17 +118,14 @@ class Eagle3Drafter(Drafter):
         self.root = (total, logits[-1], hidden[-1])
         return logits[-1], hidden[-1]
 
-    def feed_frontier(
-        self, tree: DraftTree, frontier: list[int], parent_hidden: torch.Tensor, fed: list[int], committed: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head forward over the ``frontier`` nodes of ``tree``; their (draft logits
-        [F, draft_vocab], hidden [F, H]). parent_hidden: [F, H], each node's parent's output
-        hidden (the root's for depth 0). ``fed``: the tree nodes already in the cache after the
-        ``committed`` pairs, in cache order; each node attends to the committed pairs, its
-        ancestors among them, and itself."""
-        tokens, positions, allowed = frontier_block(tree, frontier, fed, committed)
+    def feed_frontier(self, frontier: Frontier, parent_hidden: torch.Tensor, committed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head forward over the ``frontier`` nodes; their (draft logits [F, draft_vocab],
+        hidden [F, H]). parent_hidden: [F, H], each node's parent's output hidden (the root's
+        for depth 0). Each node attends to the ``committed`` pairs, its ancestors among the
+        tree nodes fed before, and itself."""
+        allowed, positions = frontier.attention(committed)
         device = self.head.fc.weight.device
-        return self.head(tokens.to(device), parent_hidden, positions.to(device), allowed)
+        return self.head(frontier.tokens.to(device), parent_hidden, positions.to(device), allowed)
 
     def propose(
         self,
@@ -140,26 +137,18 @@ class Eagle3Drafter(Drafter):
         head = self.head
         root_logits, root_hidden = self.root_outputs(context)
         committed = head.cache_length
-        fed: list[int] = []  # tree nodes in head-cache order after the committed pairs
-        hidden_of: dict[int, torch.Tensor] = {}  # fed node -> the head's output hidden, its children's input
+        previous = root_hidden[None]  # [F', H]: the head's output hidden of the last frontier fed
 
-        def next_logprobs(tree: DraftTree, frontier: list[int]) -> torch.Tensor:
-            parent_hidden = torch.stack([root_hidden if tree.parents[n] < 0 else hidden_of[tree.parents[n]] for n in frontier])
-            logits, hidden = self.feed_frontier(tree, frontier, parent_hidden, fed, committed)
-            hidden_of.update(zip(frontier, hidden))
-            fed.extend(frontier)
+        def next_logprobs(frontier: Frontier) -> torch.Tensor:
+            nonlocal previous
+            logits, previous = self.feed_frontier(frontier, previous.index_select(0, frontier.parent_rows), committed)
             return head.target_logprobs(logits, self.vocab_size)
 
         root_logprobs = head.target_logprobs(root_logits[None], self.vocab_size)[0]
         shape = TreeShape.for_step(max_drafts, self.settings.top_k, self.settings.tree_tokens)
         tree = expand_tree(root_logprobs, next_logprobs, shape)
         head.truncate(committed)  # tree nodes leave the cache; committed pairs stay
-        return Draft(
-            tokens=torch.tensor(tree.tokens, dtype=torch.long, device=self.device),
-            probs=torch.tensor(tree.probs, dtype=torch.float32, device=self.device),
-            dists=None,
-            parents=torch.tensor(tree.parents, dtype=torch.long),
-        )
+        return tree.to_draft(self.device)
 
 
 @register_drafter("eagle3", settings=Eagle3Settings, tree=True)
