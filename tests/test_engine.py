@@ -201,9 +201,10 @@ def test_unknown_drafter_names_are_refused():
 
 
 def test_a_setting_the_drafter_does_not_declare_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^drafter model_tree has no setting 'topk': allowed are top_k, tree_tokens$"):
+    allowed = "top_k, tree_tokens, draft_vocab, token_counts"
+    with pytest.raises(ValueError, match=f"^drafter model_tree has no setting 'topk': allowed are {allowed}$"):
         build_drafter("model_tree", model=target_stub(), topk=3)
-    with pytest.raises(ValueError, match=r"^drafter model has no setting 'layers': allowed are none$"):
+    with pytest.raises(ValueError, match=r"^drafter model has no setting 'layers': allowed are draft_vocab, token_counts$"):
         build_drafter("model", model=target_stub(), layers=2)
     with pytest.raises(ValueError, match=r"^drafter none has no setting 'top_k': allowed are none$"):
         build_drafter("none", top_k=3)
@@ -233,8 +234,11 @@ def test_the_registry_says_which_drafters_need_a_model_and_draft_trees():
     assert drafters_without_model() == "eagle3, layerskip, lookup, none"
 
 
-def test_describe_is_the_name_and_the_settings_in_use(target):
+def test_describe_is_the_name_and_the_settings_in_use(target, tmp_path):
     assert build_drafter("model", model=target).describe() == {"name": "model"}
+    (tmp_path / "counts.json").write_text("[5, 4, 3, 2, 1, 1, 1, 1, 1]")
+    reduced = build_drafter("model", model=target, draft_vocab=8, token_counts=str(tmp_path / "counts.json"))
+    assert reduced.describe() == {"name": "model", "draft_vocab": 8, "token_counts": str(tmp_path / "counts.json")}
     assert build_drafter("model_tree", model=target, top_k=2).describe() == {"name": "model_tree", "top_k": 2, "tree_tokens": 16}
     assert build_drafter("lookup", max_ngram=2).describe() == {"name": "lookup", "min_ngram": 1, "max_ngram": 2}
     # layerskip's default depth (a quarter of the target's 4 layers) is recorded as resolved.

@@ -10,13 +10,13 @@ is its ``DrafterContext``: never a setting.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from mars_bench.placement import input_device
-from mars_bench.settings import check_settings_class, settings_from
+from mars_bench.settings import check_settings_class, label_values, settings_from
 from mars_bench.verification.sampling import SamplingParams
 
 
@@ -119,8 +119,9 @@ class Drafter:
         (the root's row, then the path's) or None."""
 
     def describe(self) -> dict[str, object]:
-        """What the records carry about this drafter: its name, its settings, then ``facts()``."""
-        return {"name": self.name, **asdict(self.settings), **self.facts()}
+        """What the records carry about this drafter: its name, its settings (as labels carry them:
+        a setting added later is left out at its default), then ``facts()``."""
+        return {"name": self.name, **label_values(self.settings), **self.facts()}
 
     def facts(self) -> dict[str, object]:
         """Facts of the drafter's context that the records carry beside its settings (none here)."""

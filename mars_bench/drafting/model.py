@@ -34,8 +34,11 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, model: Any, vocab_size: int | None = None, min_confidence: float | None = None) -> None:
+    def __init__(
+        self, model: Any, vocab_size: int | None = None, min_confidence: float | None = None, settings: Any = None
+    ) -> None:
         check_min_confidence(min_confidence)
+        self.settings = settings if settings is not None else ModelSettings()
         self.model = model
         self.vocab_size = vocab_size
         self.min_confidence = min_confidence
@@ -143,8 +146,7 @@ class TreeModelDrafter(ModelDrafter):
     name = "model_tree"
 
     def __init__(self, model: Any, vocab_size: int | None = None, settings: ModelTreeSettings | None = None) -> None:
-        super().__init__(model, vocab_size)
-        self.settings = settings or ModelTreeSettings()
+        super().__init__(model, vocab_size, settings=settings or ModelTreeSettings())
 
     def propose(
         self,
@@ -175,7 +177,7 @@ def model_drafter(settings: ModelSettings, context: DrafterContext) -> ModelDraf
     if context.model is None:
         raise ValueError(f"drafter 'model' needs a separate draft model: the drafters without one are {drafters_without_model()}")
     model = reduced_draft_model(context.model, settings, context.vocab_size or context.model.config.vocab_size, context.tokenizer)
-    return ModelDrafter(model, context.vocab_size, context.min_confidence)
+    return ModelDrafter(model, context.vocab_size, context.min_confidence, settings)
 
 
 @register_drafter("model_tree", settings=ModelTreeSettings, needs_draft_model=True, tree=True)
