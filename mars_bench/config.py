@@ -24,6 +24,7 @@ from mars_bench.drafting import (
     drafters_without_model,
     is_tree_drafter,
 )
+from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.model import check_min_confidence
 from mars_bench.drafting.tree import TreeShape
 from mars_bench.placement import check_memory_budget, parse_dtype
@@ -313,6 +314,8 @@ def check_run_config(cfg: Any) -> None:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
     if cfg.drafter.length == "confidence":
         check_min_confidence(cfg.drafter.min_confidence)
+    if drafter_params(cfg.drafter).get("token_counts"):
+        check_count_file(cfg.drafter.token_counts)
     parse_dtype(cfg.model.dtype)
     check_memory_budget(cfg.model.device_map, cfg.model.max_memory)
     if drafter_needs_model(cfg.drafter.name) and not cfg.model.draft_model:

@@ -81,7 +81,7 @@ def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults
 def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
     from mars_bench.config import check_override_keys
 
-    with pytest.raises(ValueError, match=r"drafter.topk is not a drafter setting: allowed are .*model_tree: top_k tree_tokens"):
+    with pytest.raises(ValueError, match=r"drafter.topk is not a drafter setting: allowed are .*model_tree: .*top_k tree_tokens"):
         check_override_keys(["drafter=model_tree", "drafter.topk=3"])
     with pytest.raises(ValueError, match=r"verifier.thet is not a verifier setting: allowed are .*mars: correction entropy_gate"):
         check_override_keys(["+verifier.thet=0.9"])
@@ -94,7 +94,7 @@ def test_the_app_refuses_a_misspelt_drafter_key_in_one_line():
     assert result.stderr.strip().splitlines() == [
         "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, "
         "min_confidence; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
-        "model_tree: top_k tree_tokens"
+        "model: draft_vocab token_counts; model_tree: draft_vocab token_counts top_k tree_tokens"
     ]
 
 

@@ -173,10 +173,15 @@ def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_
     assert method and all(row["drafter_setting"] == f"gamma=5,draft_vocab=4096,token_counts={counts}" for row in method)
 
 
-def test_the_app_refuses_a_bad_draft_vocabulary_in_one_line_before_loading_a_model(tmp_path):
+@pytest.mark.parametrize(("settings", "message"), [
+    (["drafter.draft_vocab=0"], "drafter.draft_vocab=0 is invalid: allowed is an integer >= 1 or null (all tokens)"),
+    (["drafter.draft_vocab=8", "drafter.token_counts=/nowhere/counts.npy"],
+     "drafter.token_counts='/nowhere/counts.npy' is not a file: allowed is a .npy or .json count per token id"),
+])  # fmt: skip
+def test_the_app_refuses_a_bad_draft_vocabulary_in_one_line_before_loading_a_model(settings, message, tmp_path):
     from test_app import FAST, app
 
-    done = app(*FAST, "drafter=model", f"model.draft_model={SMOLLM}", "drafter.draft_vocab=0", f"hydra.run.dir={tmp_path}")
+    done = app(*FAST, "drafter=model", f"model.draft_model={SMOLLM}", *settings, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == (
-        "mars_bench: error: drafter.draft_vocab=0 is invalid: allowed is an integer >= 1 or null (all tokens)")
+    assert done.stderr.strip().splitlines()[-1] == f"mars_bench: error: {message}"
+    assert "Loading weights" not in done.stderr  # refused before any model loads

@@ -383,6 +383,7 @@ def test_ci_runs_the_readme_test_command():
 def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_loads():
     from mars_bench.lm_eval_model import MarsBenchLM
 
-    message = "unknown model_args topk for drafter=model_tree, verifier=mars: their settings are correction, entropy_gate, "
-    with pytest.raises(ValueError, match="^" + re.escape(message + "guard, theta, top_k, tree_tokens") + "$"):
+    message = ("unknown model_args topk for drafter=model_tree, verifier=mars: their settings are correction, draft_vocab, "
+               "entropy_gate, guard, theta, token_counts, top_k, tree_tokens")  # fmt: skip
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)

@@ -132,19 +132,26 @@ def sharegpt_token_counts(tokenizer: Any, vocab_size: int, conversations: int | 
     return counts
 
 
-def load_token_counts(path: str | Path, vocab_size: int) -> np.ndarray:
-    """A user's count file: ``.npy`` (a 1-D array) or ``.json`` (a list, or {"counts": list}), one
-    non-negative count per token id, at most ``vocab_size`` long (missing ids count 0)."""
+def check_count_file(path: str | Path) -> Path:
+    """The count file ``path`` if it is a ``.npy`` or ``.json`` file; ValueError in one line otherwise
+    (checked before any model loads)."""
     source = Path(path).expanduser()
     if not source.is_file():
         raise ValueError(f"drafter.token_counts={str(path)!r} is not a file: allowed is a .npy or .json count per token id")
+    if source.suffix not in (".npy", ".json"):
+        raise ValueError(f"drafter.token_counts={str(path)!r} has suffix {source.suffix!r}: allowed are .npy and .json")
+    return source
+
+
+def load_token_counts(path: str | Path, vocab_size: int) -> np.ndarray:
+    """A user's count file: ``.npy`` (a 1-D array) or ``.json`` (a list, or {"counts": list}), one
+    non-negative count per token id, at most ``vocab_size`` long (missing ids count 0)."""
+    source = check_count_file(path)
     if source.suffix == ".npy":
         counts = np.load(source, allow_pickle=False)
-    elif source.suffix == ".json":
+    else:
         loaded = json.loads(source.read_text())
         counts = np.asarray(loaded["counts"] if isinstance(loaded, dict) else loaded)
-    else:
-        raise ValueError(f"drafter.token_counts={str(path)!r} has suffix {source.suffix!r}: allowed are .npy and .json")
     if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.number) or len(counts) > vocab_size or (counts < 0).any():
         raise ValueError(
             f"drafter.token_counts={str(path)!r} holds {counts.ndim}-D {counts.dtype} of length {len(counts.reshape(-1))}: "
