@@ -306,7 +306,7 @@ def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(t
     assert run(command, tmp_path, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0
     out = tmp_path / "perf_out"
     report = json.loads((out / "perf.json").read_text())
-    assert report["repeats_done"] == 2 and not list(out.glob("*.partial"))  # rewritten whole after each repeat
+    assert report["repeats_done"] == 2 and not list(out.glob(".*.tmp"))  # rewritten whole after each repeat
     assert report["environment"]["packages"]["transformers"] and "commit" in report["environment"]["git"]
     assert len(report["environment"]["source_sha256"]) == 64
     assert list(report["results"]) == [

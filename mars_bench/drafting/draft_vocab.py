@@ -19,9 +19,8 @@ corpus, the tokenizer and the counting rule. Users give their own count for othe
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +115,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def sharegpt_token_counts(tokenizer: Any, vocab_size: int, conversations: int | None = None) -> np.ndarray:
     """The built-in count (see the module docstring), computed once per tokenizer and cached."""
+    from mars_bench.bench.claims import atomic_replace
     from mars_bench.sources import cache_root
     from mars_bench.tasks.providers import from_package_member
 
@@ -126,9 +126,9 @@ def sharegpt_token_counts(tokenizer: Any, vocab_size: int, conversations: int | 
     data = from_package_member(SHAREGPT, SHAREGPT_MEMBER, SHAREGPT_SHA256)
     counts = count_tokens(conversation_texts(data, conversations), tokenizer, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as handle:
-        np.save(handle, counts)
-    os.replace(handle.name, path)  # whole or absent: a concurrent job computes the same array
+    buffer = io.BytesIO()
+    np.save(buffer, counts)
+    atomic_replace(path, buffer.getvalue())  # whole or absent: a concurrent job computes the same array
     return counts
 
 

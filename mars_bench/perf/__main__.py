@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mars_bench.bench.claims import atomic_replace
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
 from mars_bench.perf.suite import PerfSettings, run_suite
@@ -91,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 def write_report(report: dict[str, Any], out: Path) -> None:
     """perf.json and perf.md over the repeats done so far, each replaced whole."""
     for name, text in (("perf.json", json.dumps(report, indent=2)), ("perf.md", markdown(report))):
-        partial = out / f"{name}.partial"
-        partial.write_text(text + "\n")
-        partial.replace(out / name)
+        atomic_replace(out / name, (text + "\n").encode())
 
 
 if __name__ == "__main__":
