@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from mars_bench import build_drafter, decode, get_verifier
-from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.perf.suite import first_turn_prompts
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval" / "question.jsonl"
 METHODS = [  # (label, temperature, verifier, verifier params); verifier None = baseline
     ("baseline_t0", 0.0, None, {}),
     ("exact_t0", 0.0, "exact", {}),
@@ -43,8 +43,7 @@ def main() -> None:
     draft_model = load_model("Qwen/Qwen2.5-Coder-0.5B-Instruct", dtype="bfloat16")
     check_tokenizers_compatible(target.tokenizer, draft_model.tokenizer)
     stops = stop_token_ids(target)
-    questions = [json.loads(line) for line in DATA.read_text().splitlines()[: args.prompts]]
-    prompts = [chat_prompt_ids(target.tokenizer, q["turns"][:1]) for q in questions]
+    prompts = first_turn_prompts(target.tokenizer, "humaneval", args.prompts)
     drafter = build_drafter("model", model=draft_model.model, vocab_size=target.model.config.vocab_size)
 
     def run(label, temperature, verifier, params, prompt, seed, max_new_tokens=args.max_new_tokens):

@@ -37,7 +37,6 @@ import mars_bench
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.eagle3 import Eagle3Drafter, Eagle3Settings, eagle3_head_from_state, random_head_state
 
-HUMANEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval" / "question.jsonl"
 TINY_PROMPTS = [[1, 5, 9, 2, 7, 33, 12, 5, 9], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3], [11, 60, 2, 17, 80, 5]]
 METHODS = (("exact", 0.0), ("mars", 1.0))  # (verifier, temperature)
 PHASES = ("draft", "target", "verify", "bookkeeping")
@@ -58,13 +57,13 @@ def tiny_eagle3(device: torch.device) -> tuple[Any, Eagle3Drafter]:
 
 def embedded_pair(prompts: int) -> tuple[Any, Any, list[list[int]], list[int]]:
     """(target, model_tree drafter, HumanEval prompt ids, stop ids) of the embedded Qwen pair, bf16."""
-    from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+    from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
+    from mars_bench.perf.suite import first_turn_prompts
 
     target = load_model("Qwen/Qwen2.5-Coder-1.5B-Instruct", dtype="bfloat16")
     draft_model = load_model("Qwen/Qwen2.5-Coder-0.5B-Instruct", dtype="bfloat16")
     check_tokenizers_compatible(target.tokenizer, draft_model.tokenizer)
-    questions = [json.loads(line) for line in HUMANEVAL.read_text().splitlines()[:prompts]]
-    ids = [chat_prompt_ids(target.tokenizer, question["turns"][:1]) for question in questions]
+    ids = first_turn_prompts(target.tokenizer, "humaneval", prompts)
     drafter = build_drafter("model_tree", model=draft_model.model, vocab_size=target.model.config.vocab_size)
     return target.model, drafter, ids, stop_token_ids(target)
 

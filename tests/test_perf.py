@@ -11,6 +11,8 @@ from conftest import SHARED_DATA, python_m, tiny_model
 from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
 from mars_bench.perf.costs import ForwardTimer, predicted_step_speedup
+from mars_bench.perf.report import main as report_main
+from mars_bench.perf.report import task_ratios
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -19,6 +21,36 @@ def test_bad_options_are_one_clear_line(tmp_path):
     result = python_m("mars_bench.perf", "--model", "nope", "--out", str(tmp_path))
     assert result.returncode == 2 and "perf: error: --model 'nope' is unknown: allowed are" in result.stderr
     assert "Traceback" not in result.stderr
+    counts = tmp_path / "counts.txt"
+    counts.write_text("1 2 3")
+    result = python_m("mars_bench.perf", "--draft-vocab", "32768", "--token-counts", str(counts), "--out", str(tmp_path))
+    assert result.returncode == 2 and "has suffix '.txt': allowed are .npy and .json" in result.stderr
+    assert "Traceback" not in result.stderr and "Loading weights" not in result.stderr  # refused before any model loads
+
+
+def two_task_report(**extra):
+    """A report's raw times: 2 repeats of 2 humaneval then 1 gsm8k prompt, for a method and its baseline."""
+    fast = [[{"tokens": 10, "seconds": 1.0}, {"tokens": 10, "seconds": 1.0}, {"tokens": 10, "seconds": 4.0}]] * 2
+    slow = [[{"tokens": 10, "seconds": 2.0}, {"tokens": 10, "seconds": 2.0}, {"tokens": 10, "seconds": 2.0}]] * 2
+    return {"raw": {"spec": fast, "ar": slow}, "prompts": 3, **extra}
+
+
+def test_speedups_are_split_by_task_from_the_raw_times():
+    report = two_task_report(prompt_tasks=["humaneval", "humaneval", "gsm8k"])
+    assert task_ratios(report, "spec", "ar") == {"humaneval": 2.0, "gsm8k": 0.5}
+    # reports from before prompt_tasks took num_prompts from each task in turn
+    old = two_task_report(settings={"tasks": ["humaneval", "gsm8k"], "num_prompts": 1})
+    with pytest.raises(ValueError, match="the report has 3 prompts and no prompt_tasks"):
+        task_ratios(old, "spec", "ar")
+
+
+def test_re_rendering_a_report_refuses_what_is_not_one(tmp_path, capsys):
+    broken = tmp_path / "perf.json"
+    broken.write_text("{}")
+    assert report_main([str(broken)]) == 2 and report_main([str(tmp_path / "none.json")]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert errors[0].startswith(f"perf.report: error: {broken} is not a perf suite report (KeyError")
+    assert errors[1].endswith("none.json given: allowed is the path of one perf.json")
 
 
 def test_the_analytic_model_is_tokens_over_the_forward_cost_of_the_steps_taken():

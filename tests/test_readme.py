@@ -301,12 +301,13 @@ PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts
               "--data-dir", str(SHARED_DATA)]  # fmt: skip
 
 
-def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(tmp_path, monkeypatch):
+def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(tmp_path, monkeypatch, capsys):
     command = readme("python -m mars_bench.perf --repeats 2")
     assert run(command, tmp_path, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0
     out = tmp_path / "perf_out"
     report = json.loads((out / "perf.json").read_text())
     assert report["repeats_done"] == 2 and not list(out.glob(".*.tmp"))  # rewritten whole after each repeat
+    assert report["prompt_tasks"] == ["gsm8k", "gsm8k"]
     assert report["environment"]["packages"]["transformers"] and "commit" in report["environment"]["git"]
     assert len(report["environment"]["source_sha256"]) == 64
     assert list(report["results"]) == [
@@ -333,7 +334,11 @@ def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(t
     assert report["peer_loading"] == "AutoModelForCausalLM.from_pretrained(path, dtype=bfloat16).eval()"
     chains = {"T=0 ours chain exact, fixed", "T=1 ours chain rejection, fixed"}
     assert set(report["analytic"]["speedup_over_our_baseline"]) == chains
-    assert "| T=0 ours AR baseline | T=0 transformers generate |" in (out / "perf.md").read_text()
+    tables = (out / "perf.md").read_text()
+    assert "| T=0 ours AR baseline | T=0 transformers generate |" in tables and "| gsm8k " in tables
+    capsys.readouterr()
+    assert run(readme("python -m mars_bench.perf.report"), tmp_path, monkeypatch) == 0
+    assert capsys.readouterr().out.startswith(tables)  # the same tables again, from perf.json alone
 
 
 @pytest.mark.parametrize(("prefix", "tasks"), [("python -m mars_bench.perf --draft-length", ["--tasks", "gsm8k"]),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import statistics
+import sys
+from pathlib import Path
 from typing import Any
 
 from mars_bench.bench.contention import DEFAULT_THRESHOLD
@@ -22,14 +26,40 @@ def header(result: dict[str, Any]) -> str:
             f"`{result['peer_loading']}`; assisted generation: {result['assisted_generation']}.")  # fmt: skip
 
 
+def prompt_tasks(result: dict[str, Any]) -> list[str]:
+    """The task of each timed prompt, in order. Reports written before ``prompt_tasks`` was
+    recorded took ``num_prompts`` prompts from each task in turn."""
+    if "prompt_tasks" in result:
+        return result["prompt_tasks"]
+    settings = result["settings"]
+    tasks = [task for task in settings["tasks"] for _ in range(settings["num_prompts"])]
+    if len(tasks) != result["prompts"]:
+        raise ValueError(f"the report has {result['prompts']} prompts and no prompt_tasks: cannot tell their tasks")
+    return tasks
+
+
+def task_ratios(result: dict[str, Any], method: str, against: str) -> dict[str, float]:
+    """Per task: the median over repeats of ``method``'s throughput over ``against``'s on that
+    task's prompts alone (from the report's raw seconds and token counts)."""
+    tasks = prompt_tasks(result)
+    ratios: dict[str, list[float]] = {task: [] for task in tasks}
+    for mine, other in zip(result["raw"][method], result["raw"][against]):
+        for task in ratios:
+            picked = [index for index, name in enumerate(tasks) if name == task]
+            tok_s = [sum(runs[i]["tokens"] for i in picked) / sum(runs[i]["seconds"] for i in picked) for runs in (mine, other)]
+            ratios[task].append(tok_s[0] / tok_s[1])
+    return {task: statistics.median(values) for task, values in ratios.items()}
+
+
 def speed_table(result: dict[str, Any]) -> list[str]:
     lines = ["| method | against | tok/s | ratio over repeats: median [min, max] | per prompt: median [min, max] "
-             "| identical outputs |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "| per task: median over repeats | identical outputs |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in result["comparisons"]:
         identical = "-" if row["identical"] is None else f"{row['identical']}/{row['runs']}"
         repeats, prompts = spread(row)
+        tasks = ", ".join(f"{task} {ratio:.2f}x" for task, ratio in task_ratios(result, row["method"], row["against"]).items())
         tok_s = result["results"][row["method"]]["tok_s"]
-        lines.append(f"| {row['method']} | {row['against']} | {tok_s:.2f} | {repeats} | {prompts} | {identical} |")
+        lines.append(f"| {row['method']} | {row['against']} | {tok_s:.2f} | {repeats} | {prompts} | {tasks} | {identical} |")
     return lines
 
 
@@ -74,3 +104,22 @@ def markdown(result: dict[str, Any]) -> str:
                       f"{DEFAULT_THRESHOLD} cores on average): these numbers are not clean; run again on an idle "
                       "machine.**"]  # fmt: skip
     return "\n".join([*lines, "", *ours_tables(result), "", *analytic_table(result)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mars_bench.perf.report PERF_JSON``: the report's Markdown again, from its perf.json."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_file():
+        print(f"perf.report: error: {' '.join(args) or 'nothing'} given: allowed is the path of one perf.json", file=sys.stderr)
+        return 2
+    try:
+        text = markdown(json.loads(Path(args[0]).read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        print(f"perf.report: error: {args[0]} is not a perf suite report ({type(error).__name__}: {error})", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

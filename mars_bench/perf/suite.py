@@ -28,7 +28,7 @@ from mars_bench.decoding.draft_length import draft_length_policy
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
-from mars_bench.drafting.draft_vocab import DraftVocabSettings
+from mars_bench.drafting.draft_vocab import DraftVocabSettings, check_count_file
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
@@ -78,6 +78,8 @@ class PerfSettings:
             draft_length_policy(length, self.gamma, self.max_gamma)
         for vocab in self.draft_vocabs:
             DraftVocabSettings(draft_vocab=vocab, token_counts=self.token_counts if vocab else None)
+        if self.token_counts is not None:
+            check_count_file(self.token_counts)  # before any model loads
         for temperature in self.temperatures:
             if temperature not in (0.0, 1.0):
                 raise ValueError(f"--temperatures {temperature:g} is invalid: allowed are 0 (greedy) and 1 (sampling)")
@@ -120,17 +122,22 @@ def methods_for(settings: PerfSettings) -> list[Method]:
     return methods
 
 
-def task_prompts(tokenizer: Any, settings: PerfSettings) -> list[list[int]]:
-    prompts = []
-    for task in settings.tasks:
-        option = CONF_TASKS / f"{task}.yaml"
-        if not option.is_file():
-            choices = ", ".join(sorted(p.stem for p in CONF_TASKS.glob("*.yaml")))
-            raise ValueError(f"task {task!r} is unknown: allowed are {choices}")
-        config = OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(option), {"num_prompts": settings.num_prompts})
-        for question in load_questions(config, settings.data_dir):
-            prompts.append(chat_prompt_ids(tokenizer, [question.turns[0]], config.system_prompt))
-    return prompts
+def first_turn_prompts(tokenizer: Any, task: str, num_prompts: int, data_dir: str | None = None) -> list[list[int]]:
+    """The chat-templated first turns of ``task``'s first ``num_prompts`` questions (from the
+    shared data folder or, without it, the pinned registry package), as token ids."""
+    option = CONF_TASKS / f"{task}.yaml"
+    if not option.is_file():
+        choices = ", ".join(sorted(p.stem for p in CONF_TASKS.glob("*.yaml")))
+        raise ValueError(f"task {task!r} is unknown: allowed are {choices}")
+    config = OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(option), {"num_prompts": num_prompts})
+    questions = load_questions(config, data_dir)
+    return [chat_prompt_ids(tokenizer, [question.turns[0]], config.system_prompt) for question in questions]
+
+
+def task_prompts(tokenizer: Any, settings: PerfSettings) -> list[tuple[str, list[int]]]:
+    """(task, prompt ids) of every prompt the suite times, task by task."""
+    return [(task, prompt) for task in settings.tasks
+            for prompt in first_turn_prompts(tokenizer, task, settings.num_prompts, settings.data_dir)]
 
 
 class Suite:
@@ -144,7 +151,9 @@ class Suite:
         self.peer_target = load_peer(self.target.resolved.path, settings.dtype)
         self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype)
         self.stops = stop_token_ids(self.target)
-        self.prompts = task_prompts(self.target.tokenizer, settings)
+        prompts = task_prompts(self.target.tokenizer, settings)
+        self.prompts = [prompt for _, prompt in prompts]
+        self.prompt_tasks = [task for task, _ in prompts]
         self.methods = methods_for(settings)
         self.drafters = {config: self.build_drafter(config) for config in settings.configs()}
         pad = self.target.tokenizer.pad_token_id
@@ -334,6 +343,7 @@ def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any
         "environment": environment,
         "repeats_done": repeats_done,
         "prompts": len(suite.prompts),
+        "prompt_tasks": suite.prompt_tasks,
         "peer_loading": PEER_LOADING.format(dtype=suite.settings.dtype),
         "assisted_generation": assistant_settings(suite.peer_draft),
         "results": results,
