@@ -39,6 +39,7 @@ def test_speedups_are_split_by_task_from_the_raw_times():
     report = two_task_report(prompt_tasks=["humaneval", "humaneval", "gsm8k"])
     assert task_ratios(report, "spec", "ar") == {"humaneval": 2.0, "gsm8k": 0.5}
     # reports from before prompt_tasks took num_prompts from each task in turn
+    assert task_ratios(two_task_report(settings={"tasks": ["humaneval"], "num_prompts": 3}), "spec", "ar") == {"humaneval": 1.0}
     old = two_task_report(settings={"tasks": ["humaneval", "gsm8k"], "num_prompts": 1})
     with pytest.raises(ValueError, match="the report has 3 prompts and no prompt_tasks"):
         task_ratios(old, "spec", "ar")
