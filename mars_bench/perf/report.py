@@ -42,11 +42,11 @@ def task_ratios(result: dict[str, Any], method: str, against: str) -> dict[str, 
     """Per task: the median over repeats of ``method``'s throughput over ``against``'s on that
     task's prompts alone (from the report's raw seconds and token counts)."""
     tasks = prompt_tasks(result)
-    ratios: dict[str, list[float]] = {task: [] for task in tasks}
+    picked = {task: [index for index, name in enumerate(tasks) if name == task] for task in tasks}
+    ratios: dict[str, list[float]] = {task: [] for task in picked}
     for mine, other in zip(result["raw"][method], result["raw"][against]):
-        for task in ratios:
-            picked = [index for index, name in enumerate(tasks) if name == task]
-            tok_s = [sum(runs[i]["tokens"] for i in picked) / sum(runs[i]["seconds"] for i in picked) for runs in (mine, other)]
+        for task, indices in picked.items():
+            tok_s = [sum(runs[i]["tokens"] for i in indices) / sum(runs[i]["seconds"] for i in indices) for runs in (mine, other)]
             ratios[task].append(tok_s[0] / tok_s[1])
     return {task: statistics.median(values) for task, values in ratios.items()}
 
