@@ -10,9 +10,12 @@ from conftest import SHARED_DATA, python_m, tiny_model
 
 from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
+from mars_bench.perf.__main__ import main as perf_main
+from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.costs import ForwardTimer, predicted_step_speedup
 from mars_bench.perf.report import main as report_main
 from mars_bench.perf.report import task_ratios
+from mars_bench.perf.suite import DraftConfig
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -26,6 +29,26 @@ def test_bad_options_are_one_clear_line(tmp_path):
     result = python_m("mars_bench.perf", "--draft-vocab", "32768", "--token-counts", str(counts), "--out", str(tmp_path))
     assert result.returncode == 2 and "has suffix '.txt': allowed are .npy and .json" in result.stderr
     assert "Traceback" not in result.stderr and "Loading weights" not in result.stderr  # refused before any model loads
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    (["--configs", "fixed", "--draft-vocab", "32768"], "--configs replaces --draft-length and --draft-vocab: allowed is one"),
+    (["--configs", "fixed:lots"], "--configs fixed:lots is invalid: allowed as a vocabulary are none and integers >= 1"),
+    (["--configs", "confidence:32768", "confidence:32768"], "--configs confidence:32768 is given twice: allowed is each"),
+    (["--configs", "fixed", "eager"], "'eager' is invalid: allowed are fixed"),
+])  # fmt: skip
+def test_configurations_given_one_by_one_are_checked_before_anything_loads(options, error, tmp_path, capsys):
+    assert perf_main([*options, "--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err
+    assert message.startswith("perf: error: ") and error in message and len(message.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_configurations_given_one_by_one_replace_every_length_with_every_vocabulary():
+    settings, _ = perf_options(["--configs", "fixed", "confidence:32768"])
+    assert settings.configs() == [DraftConfig("fixed", None), DraftConfig("confidence", 32768)]
+    product, _ = perf_options(["--draft-length", "fixed", "confidence", "--draft-vocab", "none", "32768"])
+    assert len(product.configs()) == 4 and set(settings.configs()) < set(product.configs())
 
 
 def two_task_report(**extra):

@@ -361,6 +361,20 @@ def test_the_drafter_configurations_run_each_length_policy_with_each_draft_vocab
     assert reduced == [str(vocabs[1])]  # one-token drafter forwards measured for the reduced head too
 
 
+def test_the_temperature_1_run_times_the_configurations_it_names_one_by_one(tmp_path, monkeypatch):
+    counts = tmp_path / "counts.npy"
+    np.save(counts, np.arange(49152)[::-1])
+    small = [*PERF_SMALL, "--tasks", "gsm8k", "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
+    assert run(readme("python -m mars_bench.perf --configs"), tmp_path, monkeypatch, small) == 0
+    out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
+    report = json.loads((out / "perf.json").read_text())
+    assert set(report["results"]) == {"T=1 ours AR baseline", "T=1 transformers assisted generation",
+                                      "T=1 ours chain rejection, fixed", "T=1 ours chain rejection, confidence + vocab 32768"}
+    assert set(report["analytic"]["speedup_over_our_baseline"]) == {"T=1 ours chain rejection, fixed",
+                                                                    "T=1 ours chain rejection, confidence + vocab 32768"}
+    assert "drafter configurations fixed, confidence + vocab 32768, 1 of 1 repeats" in (out / "perf.md").read_text()
+
+
 def test_the_default_perf_command_differs_only_in_its_repeats():
     settings, out = perf_options(shlex.split(readme("python -m mars_bench.perf --out"))[3:])
     two, _ = perf_options(shlex.split(readme("python -m mars_bench.perf --repeats 2"))[3:])

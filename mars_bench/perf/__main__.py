@@ -4,7 +4,8 @@ the methods' order rotating per prompt, each repeat timing at each temperature:
 1. our autoregressive baseline, and transformers' ``generate`` (greedy only);
 2. transformers' assisted generation (on models loaded as its users load them);
 3. our chain speculative decoding (``exact`` greedy, ``rejection`` at temperature 1) in every
-   drafter configuration: each draft-length policy with each draft vocabulary.
+   drafter configuration: each draft-length policy with each draft vocabulary, or the
+   configurations ``--configs`` names one by one.
 
 Writes ``perf.json`` (every number) and ``perf.md`` (speedups over our baseline and over
 assisted generation with min / median / max over repeats, the phase profile, forward costs
@@ -24,7 +25,7 @@ from omegaconf import OmegaConf
 from mars_bench.bench.claims import atomic_replace
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
-from mars_bench.perf.suite import PerfSettings, run_suite
+from mars_bench.perf.suite import DraftConfig, PerfSettings, run_suite
 
 CONF_MODELS = CONF_DIR / "model"
 
@@ -40,10 +41,12 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--dtype", default=None, help="default: the model option's dtype")
-    parser.add_argument("--draft-length", nargs="+", default=["fixed"],
-                        help="our draft-length policies: fixed, schedule, confidence (each is one configuration)")
-    parser.add_argument("--draft-vocab", nargs="+", default=["none"],
-                        help="our drafter's vocabularies: none (all tokens) or K most frequent (each with each policy)")
+    parser.add_argument("--draft-length", nargs="+", default=None,
+                        help="our draft-length policies: fixed (default), schedule, confidence (each is one configuration)")
+    parser.add_argument("--draft-vocab", nargs="+", default=None,
+                        help="our drafter's vocabularies: none (all tokens, default) or K most frequent (each with each policy)")
+    parser.add_argument("--configs", nargs="+", default=None, metavar="POLICY[:K]",
+                        help="configurations one by one instead, e.g. fixed confidence:32768 (K: the draft vocabulary)")
     parser.add_argument("--token-counts", default=None, help="a count file (.npy/.json) ranking the draft vocabulary")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="0 (greedy), 1 (sampling), or both")
     parser.add_argument("--data-dir", default=None)
@@ -60,21 +63,38 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     settings = PerfSettings(
         target=model.target, draft_model=model.draft_model, dtype=args.dtype or model.get("dtype", "bfloat16"),
         tasks=tuple(args.tasks), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gamma=args.gamma, draft_lengths=tuple(args.draft_length),
-        draft_vocabs=tuple(parse_vocab(value) for value in args.draft_vocab), temperatures=tuple(args.temperatures),
-        token_counts=args.token_counts, data_dir=args.data_dir,
+        repeats=args.repeats, gamma=args.gamma, temperatures=tuple(args.temperatures),
+        token_counts=args.token_counts, data_dir=args.data_dir, **draft_configs(args),
     )  # fmt: skip
     settings.check()
     return settings, Path(args.out)
 
 
-def parse_vocab(value: str) -> int | None:
+def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
+    """The drafter configurations asked for: ``--configs`` one by one (``POLICY`` or
+    ``POLICY:K``), else each ``--draft-length`` with each ``--draft-vocab``."""
+    if args.configs is None:
+        return {"draft_lengths": tuple(args.draft_length or ["fixed"]),
+                "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ["none"])}  # fmt: skip
+    if args.draft_length or args.draft_vocab:
+        raise ValueError("--configs replaces --draft-length and --draft-vocab: allowed is one way or the other")
+    configs: list[DraftConfig] = []
+    for value in args.configs:
+        length, _, vocab = value.partition(":")
+        config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None)
+        if config in configs:
+            raise ValueError(f"--configs {value} is given twice: allowed is each configuration once")
+        configs.append(config)
+    return {"draft_lengths": (), "draft_vocabs": (), "configurations": tuple(configs)}
+
+
+def parse_vocab(value: str, option: str = "--draft-vocab", given: str | None = None) -> int | None:
     if value.lower() in ("none", "null", "all"):
         return None
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"--draft-vocab {value} is invalid: allowed are none and integers >= 1") from None
+        raise ValueError(f"{option} {given or value} is invalid: allowed as a vocabulary are none and integers >= 1") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,12 +17,21 @@ def spread(row: dict[str, Any]) -> tuple[str, str]:
             f"{row['prompt_median']:.2f}x [{row['prompt_min']:.2f}, {row['prompt_max']:.2f}]")  # fmt: skip
 
 
+def config_label(length: str, vocab: int | None) -> str:
+    """A drafter configuration's name: its draft-length policy, and its draft vocabulary if reduced."""
+    return length + (f" + vocab {vocab}" if vocab else "")
+
+
 def header(result: dict[str, Any]) -> str:
     s = result["settings"]
-    vocabs = ", ".join("all" if v is None else str(v) for v in s["draft_vocabs"])
+    if s.get("configurations"):
+        configs = "drafter configurations " + ", ".join(config_label(**config) for config in s["configurations"])
+    else:
+        vocabs = ", ".join("all" if v is None else str(v) for v in s["draft_vocabs"])
+        configs = f"draft lengths {', '.join(s['draft_lengths'])}, draft vocabularies {vocabs}"
     return (f"{s['target']} with {s['draft_model']}, {s['dtype']}, {result['prompts']} prompts ({', '.join(s['tasks'])}), "
-            f"{s['max_new_tokens']} new tokens, gamma {s['gamma']}, draft lengths {', '.join(s['draft_lengths'])}, "
-            f"draft vocabularies {vocabs}, {result['repeats_done']} of {s['repeats']} repeats; transformers' models: "
+            f"{s['max_new_tokens']} new tokens, gamma {s['gamma']}, {configs}, "
+            f"{result['repeats_done']} of {s['repeats']} repeats; transformers' models: "
             f"`{result['peer_loading']}`; assisted generation: {result['assisted_generation']}.")  # fmt: skip
 
 

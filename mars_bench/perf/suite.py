@@ -33,6 +33,7 @@ from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
+from mars_bench.perf.report import config_label
 from mars_bench.tasks.providers import load_questions
 
 CONF_TASKS = CONF_DIR / "task"
@@ -49,7 +50,7 @@ class DraftConfig:
 
     @property
     def name(self) -> str:
-        return self.length + (f" + vocab {self.vocab}" if self.vocab else "")
+        return config_label(self.length, self.vocab)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class PerfSettings:
     gamma: int = 5
     draft_lengths: tuple[str, ...] = ("fixed",)
     draft_vocabs: tuple[int | None, ...] = (None,)
+    configurations: tuple[DraftConfig, ...] = ()  # given one by one, instead of every length with every vocabulary
     temperatures: tuple[float, ...] = (0.0, 1.0)
     max_gamma: int = 16  # the schedule policy's longest draft
     token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
@@ -74,10 +76,9 @@ class PerfSettings:
                               ("repeats", self.repeats), ("gamma", self.gamma)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
-        for length in self.draft_lengths:
-            draft_length_policy(length, self.gamma, self.max_gamma)
-        for vocab in self.draft_vocabs:
-            DraftVocabSettings(draft_vocab=vocab, token_counts=self.token_counts if vocab else None)
+        for config in self.configs():
+            draft_length_policy(config.length, self.gamma, self.max_gamma)
+            DraftVocabSettings(draft_vocab=config.vocab, token_counts=self.token_counts if config.vocab else None)
         if self.token_counts is not None:
             check_count_file(self.token_counts)  # before any model loads
         for temperature in self.temperatures:
@@ -85,6 +86,9 @@ class PerfSettings:
                 raise ValueError(f"--temperatures {temperature:g} is invalid: allowed are 0 (greedy) and 1 (sampling)")
 
     def configs(self) -> list[DraftConfig]:
+        """``configurations`` if given, else each draft length with each draft vocabulary."""
+        if self.configurations:
+            return list(self.configurations)
         return [DraftConfig(length, vocab) for length, vocab in itertools.product(self.draft_lengths, self.draft_vocabs)]
 
 
