@@ -73,9 +73,10 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
 def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
     """The drafter configurations asked for: ``--configs`` one by one (``POLICY`` or
     ``POLICY:K``), else each ``--draft-length`` with each ``--draft-vocab``."""
-    if args.configs is None:
-        return {"draft_lengths": tuple(args.draft_length or ["fixed"]),
-                "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ["none"])}  # fmt: skip
+    if args.configs is None:  # what is not given keeps PerfSettings' default
+        product = {"draft_lengths": tuple(args.draft_length or ()),
+                   "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ())}  # fmt: skip
+        return {key: values for key, values in product.items() if values}
     if args.draft_length or args.draft_vocab:
         raise ValueError("--configs replaces --draft-length and --draft-vocab: allowed is one way or the other")
     configs: list[DraftConfig] = []
