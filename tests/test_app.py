@@ -94,7 +94,7 @@ def test_the_app_refuses_a_misspelt_drafter_key_in_one_line():
     assert result.stderr.strip().splitlines() == [
         "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, "
         "min_confidence; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
-        "model: draft_vocab token_counts; model_tree: draft_vocab token_counts top_k tree_tokens"
+        "model: draft_vocab token_counts weights; model_tree: draft_vocab token_counts top_k tree_tokens weights"
     ]
 
 

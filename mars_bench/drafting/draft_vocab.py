@@ -190,7 +190,8 @@ class ReducedHeadModel(torch.nn.Module):
     Called as the engine and the drafters call a causal LM (input ids, cache, a 4D mask and
     positions, ``logits_to_keep``, ``output_hidden_states``); returns logits [1, n, width]
     that hold the head's logits at ``ids`` and -inf elsewhere, so the drafter's q is exactly
-    zero off the subset. The cut head is a copy of the K rows (K x hidden numbers).
+    zero off the subset. The cut head is a linear layer holding a copy of the K rows (K x hidden
+    numbers).
     """
 
     def __init__(self, model: Any, ids: torch.Tensor, width: int) -> None:
@@ -204,14 +205,21 @@ class ReducedHeadModel(torch.nn.Module):
         self.width = width
         rows = ids.to(head.weight.device)
         self.register_buffer("ids", rows, persistent=False)
-        self.register_buffer("weight", head.weight.detach()[rows].contiguous(), persistent=False)
-        self.register_buffer("bias", None if head.bias is None else head.bias.detach()[rows].contiguous(), persistent=False)
+        weight = head.weight.detach()[rows]
+        self.head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=head.bias is not None, device="meta")
+        self.head.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
+        if head.bias is not None:
+            self.head.bias = torch.nn.Parameter(head.bias.detach()[rows].contiguous(), requires_grad=False)
 
     def get_input_embeddings(self) -> Any:
         return self.model.get_input_embeddings()
 
+    def get_decoder(self) -> Any:
+        return self.model.get_decoder()
+
     def get_output_embeddings(self) -> Any:
-        return self.model.get_output_embeddings()
+        """The cut head (K rows), the one this model computes its logits with."""
+        return self.head
 
     def forward(self, input_ids: torch.Tensor, logits_to_keep: int | torch.Tensor = 0, **kwargs: Any) -> SimpleNamespace:
         out = self.model.get_decoder()(input_ids=input_ids, **kwargs)
@@ -220,7 +228,7 @@ class ReducedHeadModel(torch.nn.Module):
             hidden = hidden[:, logits_to_keep.to(hidden.device)]
         elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        logits = torch.nn.functional.linear(hidden.to(self.weight.device), self.weight, self.bias)
+        logits = self.head(hidden.to(self.ids.device))
         full = logits.new_full((*logits.shape[:-1], self.width), float("-inf")).index_copy_(-1, self.ids, logits)
         return SimpleNamespace(logits=full.to(input_ids.device), hidden_states=out.hidden_states)
 

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_without_model, register_drafter
 from mars_bench.drafting.draft_vocab import DraftVocabSettings, reduced_draft_model
+from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model
 from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.placement import input_device
@@ -117,15 +118,15 @@ class ModelDrafter(Drafter):
 
 
 @dataclass(frozen=True)
-class ModelSettings(DraftVocabSettings):
+class ModelSettings(DraftWeightSettings, DraftVocabSettings):
     """model: a chain of gamma drafts (the engine's gamma and draft-length policy), optionally
-    scored over a reduced vocabulary (conf/drafter/model.yaml)."""
+    scored over a reduced vocabulary, optionally with quantized weights (conf/drafter/model.yaml)."""
 
 
 @dataclass(frozen=True)
-class ModelTreeSettings(DraftVocabSettings, TreeSettings):
-    """model_tree: a top-k tree of depth gamma, optionally drafted over a reduced vocabulary
-    (conf/drafter/model_tree.yaml)."""
+class ModelTreeSettings(DraftWeightSettings, DraftVocabSettings, TreeSettings):
+    """model_tree: a top-k tree of depth gamma, optionally drafted over a reduced vocabulary,
+    optionally with quantized weights (conf/drafter/model_tree.yaml)."""
 
     top_k: int = 3
     tree_tokens: int = 16
@@ -172,17 +173,22 @@ class TreeModelDrafter(ModelDrafter):
         """Nothing to keep: the committed context is cached, the tree was dropped."""
 
 
+def drafting_model(settings: DraftVocabSettings | DraftWeightSettings, context: DrafterContext) -> Any:
+    """The separate draft model as the settings run it: its head cut to the draft vocabulary,
+    then its weights quantized (the loaded model itself when neither is set)."""
+    width = context.vocab_size or context.model.config.vocab_size
+    return quantized_draft_model(reduced_draft_model(context.model, settings, width, context.tokenizer), settings.weights)
+
+
 @register_drafter("model", settings=ModelSettings, needs_draft_model=True)
 def model_drafter(settings: ModelSettings, context: DrafterContext) -> ModelDrafter:
     if context.model is None:
         raise ValueError(f"drafter 'model' needs a separate draft model: the drafters without one are {drafters_without_model()}")
-    model = reduced_draft_model(context.model, settings, context.vocab_size or context.model.config.vocab_size, context.tokenizer)
-    return ModelDrafter(model, context.vocab_size, context.min_confidence, settings)
+    return ModelDrafter(drafting_model(settings, context), context.vocab_size, context.min_confidence, settings)
 
 
 @register_drafter("model_tree", settings=ModelTreeSettings, needs_draft_model=True, tree=True)
 def model_tree_drafter(settings: ModelTreeSettings, context: DrafterContext) -> TreeModelDrafter:
     if context.model is None:
         raise ValueError("drafter 'model_tree' needs a separate draft model (model.draft_model)")
-    model = reduced_draft_model(context.model, settings, context.vocab_size or context.model.config.vocab_size, context.tokenizer)
-    return TreeModelDrafter(model, context.vocab_size, settings)
+    return TreeModelDrafter(drafting_model(settings, context), context.vocab_size, settings)

@@ -5,7 +5,7 @@ the methods' order rotating per prompt, each repeat timing at each temperature:
 2. transformers' assisted generation (on models loaded as its users load them);
 3. our chain speculative decoding (``exact`` greedy, ``rejection`` at temperature 1) in every
    drafter configuration: each draft-length policy with each draft vocabulary, or the
-   configurations ``--configs`` names one by one.
+   configurations ``--configs`` names one by one (these may also quantize the drafter's weights).
 
 Writes ``perf.json`` (every number) and ``perf.md`` (speedups over our baseline and over
 assisted generation with min / median / max over repeats, the phase profile, forward costs
@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mars_bench.bench.claims import atomic_replace
+from mars_bench.drafting.draft_weights import DRAFT_WEIGHTS
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
 from mars_bench.perf.suite import DraftConfig, PerfSettings, run_suite
@@ -45,8 +46,9 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
                         help="our draft-length policies: fixed (default), schedule, confidence (each is one configuration)")
     parser.add_argument("--draft-vocab", nargs="+", default=None,
                         help="our drafter's vocabularies: none (all tokens, default) or K most frequent (each with each policy)")
-    parser.add_argument("--configs", nargs="+", default=None, metavar="POLICY[:K]",
-                        help="configurations one by one instead, e.g. fixed confidence:32768 (K: the draft vocabulary)")
+    parser.add_argument("--configs", nargs="+", default=None, metavar="POLICY[:K[:WEIGHTS]]",
+                        help="configurations one by one instead, e.g. fixed confidence:32768 confidence:32768:int4 "
+                             "(K: the draft vocabulary, none for all; WEIGHTS: int8 or int4, the drafter's quantized weights)")
     parser.add_argument("--token-counts", default=None, help="a count file (.npy/.json) ranking the draft vocabulary")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="0 (greedy), 1 (sampling), or both")
     parser.add_argument("--data-dir", default=None)
@@ -71,8 +73,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
 
 
 def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
-    """The drafter configurations asked for: ``--configs`` one by one (``POLICY`` or
-    ``POLICY:K``), else each ``--draft-length`` with each ``--draft-vocab``."""
+    """The drafter configurations asked for: ``--configs`` one by one (``POLICY``, ``POLICY:K``
+    or ``POLICY:K:WEIGHTS``), else each ``--draft-length`` with each ``--draft-vocab``."""
     if args.configs is None:  # what is not given keeps PerfSettings' default
         product = {"draft_lengths": tuple(args.draft_length or ()),
                    "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ())}  # fmt: skip
@@ -81,12 +83,20 @@ def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
         raise ValueError("--configs replaces --draft-length and --draft-vocab: allowed is one way or the other")
     configs: list[DraftConfig] = []
     for value in args.configs:
-        length, _, vocab = value.partition(":")
-        config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None)
+        length, _, rest = value.partition(":")
+        vocab, _, weights = rest.partition(":")
+        config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None, weights or None)
+        if weights:
+            check_weights(weights, value)
         if config in configs:
             raise ValueError(f"--configs {value} is given twice: allowed is each configuration once")
         configs.append(config)
     return {"draft_lengths": (), "draft_vocabs": (), "configurations": tuple(configs)}
+
+
+def check_weights(weights: str, given: str) -> None:
+    if weights not in DRAFT_WEIGHTS:
+        raise ValueError(f"--configs {given} is invalid: allowed as weights are {', '.join(DRAFT_WEIGHTS)} (none: leave it out)")
 
 
 def parse_vocab(value: str, option: str = "--draft-vocab", given: str | None = None) -> int | None:

@@ -17,9 +17,10 @@ def spread(row: dict[str, Any]) -> tuple[str, str]:
             f"{row['prompt_median']:.2f}x [{row['prompt_min']:.2f}, {row['prompt_max']:.2f}]")  # fmt: skip
 
 
-def config_label(length: str, vocab: int | None) -> str:
-    """A drafter configuration's name: its draft-length policy, and its draft vocabulary if reduced."""
-    return length + (f" + vocab {vocab}" if vocab else "")
+def config_label(length: str, vocab: int | None, weights: str | None = None) -> str:
+    """A drafter configuration's name: its draft-length policy, its draft vocabulary if reduced,
+    its weights if quantized."""
+    return length + (f" + vocab {vocab}" if vocab else "") + (f" + {weights} weights" if weights else "")
 
 
 def header(result: dict[str, Any]) -> str:

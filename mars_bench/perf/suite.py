@@ -29,6 +29,7 @@ from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
 from mars_bench.drafting.draft_vocab import DraftVocabSettings, check_count_file
+from mars_bench.drafting.draft_weights import check_draft_weights
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
@@ -43,14 +44,22 @@ Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per 
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """One configuration of our model drafter: its draft-length policy and draft vocabulary (K or None: all)."""
+    """One configuration of our model drafter: its draft-length policy, draft vocabulary (K or
+    None: all) and weights (int8, int4 or None: as loaded)."""
 
     length: str = "fixed"
     vocab: int | None = None
+    weights: str | None = None
 
     @property
     def name(self) -> str:
-        return config_label(self.length, self.vocab)
+        return config_label(self.length, self.vocab, self.weights)
+
+    @property
+    def drafter_key(self) -> str:
+        """The forward-cost table's key for this configuration's draft model (its vocabulary,
+        and its weights if quantized: the draft length does not change a forward)."""
+        return str(self.vocab) + (f":{self.weights}" if self.weights else "")
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class PerfSettings:
         for config in self.configs():
             draft_length_policy(config.length, self.gamma, self.max_gamma)
             DraftVocabSettings(draft_vocab=config.vocab, token_counts=self.token_counts if config.vocab else None)
+            check_draft_weights(config.weights)
         if self.token_counts is not None:
             check_count_file(self.token_counts)  # before any model loads
         for temperature in self.temperatures:
@@ -168,7 +178,8 @@ class Suite:
         min_confidence = DrafterConfig.min_confidence if config.length == "confidence" else None
         counts = self.settings.token_counts if config.vocab else None
         return drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence,
-                           tokenizer=self.target.tokenizer, draft_vocab=config.vocab, token_counts=counts)  # fmt: skip
+                           tokenizer=self.target.tokenizer, draft_vocab=config.vocab, token_counts=counts,
+                           weights=config.weights)  # fmt: skip
 
     def run(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         return self.ours(method, prompt, seed, budget) if method.side == OURS else self.peer(method, prompt, seed, budget)
@@ -291,11 +302,12 @@ def comparisons(methods: list[Method], raw: Raw) -> list[dict[str, Any]]:
 
 def forward_costs(suite: Suite) -> dict[str, Any]:
     """Forward seconds at a typical context (the prompts' median length plus half the budget): the
-    target over 1 to (longest draft + 1) tokens, and one-token drafter forwards per draft vocabulary."""
+    target over 1 to (longest draft + 1) tokens, and one-token drafter forwards per draft model
+    (vocabulary and weights)."""
     s = suite.settings
     context = int(statistics.median(len(p) for p in suite.prompts)) + s.max_new_tokens // 2
     longest = max(s.max_gamma if config.length == "schedule" else s.gamma for config in s.configs())
-    drafters = {str(config.vocab): drafter.model for config, drafter in suite.drafters.items()}
+    drafters = {config.drafter_key: drafter.model for config, drafter in suite.drafters.items()}
     return {
         "context_tokens": context,
         "target": {width: forward_seconds(suite.target.model, context, width) for width in range(1, longest + 2)},
@@ -314,7 +326,7 @@ def analytic_model(methods: list[Method], costs: dict[str, Any], raw: Raw,
         runs = [run for repeat in raw[method.name] for run in repeat]
         step_drafts = [drafted for run in runs for drafted in run["step_drafts"]]
         predicted = predicted_step_speedup(sum(run["emitted"] for run in runs), step_drafts, costs["target"],
-                                           costs["drafter"][str(method.config.vocab)])  # fmt: skip
+                                           costs["drafter"][method.config.drafter_key])  # fmt: skip
         baseline = results[Method(OURS, method.temperature).name]
         measured = results[method.name]["decode_tok_s"] / baseline["decode_tok_s"]
         predictions[method.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted}
