@@ -36,6 +36,8 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--configs", "fixed:lots"], "--configs fixed:lots is invalid: allowed as a vocabulary are none and integers >= 1"),
     (["--configs", "confidence:32768", "confidence:32768"], "--configs confidence:32768 is given twice: allowed is each"),
     (["--configs", "fixed", "eager"], "'eager' is invalid: allowed are fixed"),
+    (["--configs", "fixed:32768:int2"], "--configs fixed:32768:int2 is invalid: allowed as weights are int8, int4"),
+    (["--configs", "fixed:none:int4:x"], "--configs fixed:none:int4:x is invalid: allowed as weights are int8, int4"),
 ])  # fmt: skip
 def test_configurations_given_one_by_one_are_checked_before_anything_loads(options, error, tmp_path, capsys):
     assert perf_main([*options, "--out", str(tmp_path / "out")]) == 2
@@ -47,6 +49,11 @@ def test_configurations_given_one_by_one_are_checked_before_anything_loads(optio
 def test_configurations_given_one_by_one_replace_every_length_with_every_vocabulary():
     settings, _ = perf_options(["--configs", "fixed", "confidence:32768"])
     assert settings.configs() == [DraftConfig("fixed", None), DraftConfig("confidence", 32768)]
+    quantized, _ = perf_options(["--configs", "confidence:32768", "confidence:32768:int4", "fixed:none:int8"])
+    assert quantized.configs()[1:] == [DraftConfig("confidence", 32768, "int4"), DraftConfig("fixed", None, "int8")]
+    names = ["confidence + vocab 32768 + int4 weights", "fixed + int8 weights"]
+    assert [config.name for config in quantized.configs()[1:]] == names
+    assert [config.drafter_key for config in quantized.configs()] == ["32768", "32768:int4", "None:int8"]
     product, _ = perf_options(["--draft-length", "fixed", "confidence", "--draft-vocab", "none", "32768"])
     assert len(product.configs()) == 4 and set(settings.configs()) < set(product.configs())
 

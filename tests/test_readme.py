@@ -365,7 +365,7 @@ def test_the_temperature_1_run_times_the_configurations_it_names_one_by_one(tmp_
     counts = tmp_path / "counts.npy"
     np.save(counts, np.arange(49152)[::-1])
     small = [*PERF_SMALL, "--tasks", "gsm8k", "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
-    assert run(readme("python -m mars_bench.perf --configs"), tmp_path, monkeypatch, small) == 0
+    assert run(readme("python -m mars_bench.perf --configs fixed"), tmp_path, monkeypatch, small) == 0
     out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
     report = json.loads((out / "perf.json").read_text())
     assert set(report["results"]) == {"T=1 ours AR baseline", "T=1 transformers assisted generation",
@@ -373,6 +373,23 @@ def test_the_temperature_1_run_times_the_configurations_it_names_one_by_one(tmp_
     assert set(report["analytic"]["speedup_over_our_baseline"]) == {"T=1 ours chain rejection, fixed",
                                                                     "T=1 ours chain rejection, confidence + vocab 32768"}
     assert "drafter configurations fixed, confidence + vocab 32768, 1 of 1 repeats" in (out / "perf.md").read_text()
+
+
+@pytest.mark.parametrize(("prefix", "chain"), [
+    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 0", "T=0 ours chain exact"),
+    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 1", "T=1 ours chain rejection"),
+])  # fmt: skip
+def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature(prefix, chain, tmp_path, monkeypatch):
+    counts = tmp_path / "counts.npy"
+    np.save(counts, np.arange(49152)[::-1])
+    small = [*PERF_SMALL, "--tasks", "gsm8k", "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
+    assert run(readme(prefix), tmp_path, monkeypatch, small) == 0
+    out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
+    report = json.loads((out / "perf.json").read_text())
+    chain += ", confidence + vocab 32768 + int4 weights"
+    assert chain in report["results"] and set(report["analytic"]["speedup_over_our_baseline"]) == {chain}
+    assert list(report["analytic"]["costs"]["drafter"]) == ["32768:int4"]  # the quantized drafter's own forward cost
+    assert report["results"][chain]["config"] == {"length": "confidence", "vocab": 32768, "weights": "int4"}
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():

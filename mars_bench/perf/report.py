@@ -96,9 +96,9 @@ def analytic_table(result: dict[str, Any]) -> list[str]:
     analytic = result["analytic"]
     costs = analytic["costs"]
     target = ", ".join(f"{width} {seconds * 1000:.1f}" for width, seconds in costs["target"].items())
-    drafter = ", ".join(f"{'all' if vocab == 'None' else vocab} {s * 1000:.1f}" for vocab, s in costs["drafter"].items())
+    drafter = ", ".join(f"{key.replace('None', 'all')} {s * 1000:.1f}" for key, s in costs["drafter"].items())
     lines = [f"Forward costs at a {costs['context_tokens']}-token context (median of 10), ms: target by tokens fed: {target}; "
-             f"drafter, one token, by draft vocabulary: {drafter}.", "",
+             f"drafter, one token, by draft vocabulary (and weights): {drafter}.", "",
              "| ours | predicted speedup over our AR baseline | measured (decode only) | measured / predicted |",
              "|---|---|---|---|"]  # fmt: skip
     for name, row in analytic["speedup_over_our_baseline"].items():
