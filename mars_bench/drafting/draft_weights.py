@@ -54,21 +54,17 @@ class DraftWeightSettings:
         check_draft_weights(self.weights)
 
 
-class Int8Linear(torch.nn.Module):
-    """y = x W^T + b with W stored as int8 [out, in] times a per-row scale [out]."""
+class WeightOnlyLinear(torch.nn.Module):
+    """y = x W^T + b for a ``linear`` layer whose W a subclass stores in codes (``matmul``: rows
+    [M, in] in ``compute_dtype`` -> [M, out]); the bias is the layer's own, shared."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()
-        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-        quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
         self.compute_dtype = linear.weight.dtype
-        self.register_buffer("quantized", quantized.contiguous())
-        self.register_buffer("scales", scales.to(self.compute_dtype))
         self.bias = linear.bias
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(rows, self.quantized, self.scales)
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
@@ -76,16 +72,31 @@ class Int8Linear(torch.nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class Int4Linear(Int8Linear):
-    """y = x W^T + b with W stored as 4-bit codes: every ``INT4_GROUP`` inputs of a row share a
-    scale and an offset (the grid spans the group's min to max in 15 steps)."""
+class Int8Linear(WeightOnlyLinear):
+    """W stored as int8 [out, in] times a per-row scale [out]."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
-        torch.nn.Module.__init__(self)
+        super().__init__(linear)
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("quantized", quantized.contiguous())
+        self.register_buffer("scales", scales.to(self.compute_dtype))
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.quantized, self.scales)
+
+
+class Int4Linear(WeightOnlyLinear):
+    """W stored as 4-bit codes: every ``INT4_GROUP`` inputs of a row share a scale and an offset
+    (the grid spans the group's min to max in 15 steps)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
         outputs, inputs = linear.weight.shape
         if inputs % (16 * INT4_INNER_K_TILES) or inputs % INT4_GROUP:
             raise ValueError(f"drafter.weights='int4' cannot pack a linear layer with {inputs} inputs: allowed are "
                              f"multiples of {max(INT4_GROUP, 16 * INT4_INNER_K_TILES)} (else use int8)")  # fmt: skip
+        super().__init__(linear)
         self.outputs = outputs
         padded = -outputs % INT4_ROWS  # the packing takes whole tiles of rows; the padding's outputs are cut off
         weight = torch.nn.functional.pad(linear.weight.detach().float(), (0, 0, 0, padded))
@@ -95,11 +106,9 @@ class Int4Linear(Int8Linear):
         codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32)
         # The kernel computes (code - 8) * scale + zero, so zero = low + 8 * scale.
         scales_and_zeros = torch.stack([scales, low + 8 * scales], dim=-1).transpose(0, 1)
-        self.compute_dtype = linear.weight.dtype
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.reshape(-1, inputs), INT4_INNER_K_TILES)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous().to(self.compute_dtype))
-        self.bias = linear.bias
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)

@@ -173,7 +173,7 @@ class TreeModelDrafter(ModelDrafter):
         """Nothing to keep: the committed context is cached, the tree was dropped."""
 
 
-def drafting_model(settings: DraftVocabSettings | DraftWeightSettings, context: DrafterContext) -> Any:
+def drafting_model(settings: ModelSettings | ModelTreeSettings, context: DrafterContext) -> Any:
     """The separate draft model as the settings run it: its head cut to the draft vocabulary,
     then its weights quantized (the loaded model itself when neither is set)."""
     width = context.vocab_size or context.model.config.vocab_size
