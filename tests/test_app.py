@@ -18,6 +18,7 @@ import pytest
 from conftest import python_m, run_config
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 
 import mars_bench
 from mars_bench.__main__ import CONF_DIR
@@ -71,11 +72,66 @@ def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         tree = compose(config_name="config", overrides=["drafter=model_tree"])
         eagle = compose(config_name="config", overrides=["drafter=eagle3", "model=llama3.1-8b"])
-        chain = compose(config_name="config", overrides=["drafter=model", "drafter.length=schedule", "drafter.max_gamma=9"])
+        chain = compose(config_name="config", overrides=["drafter=model", "drafter.length=schedule", "drafter.max_gamma=9",
+                                                         "~drafter_tuning"])  # fmt: skip
     assert drafter_setting(tree.drafter) == "gamma=5,top_k=3,tree_tokens=16"
     assert drafter_setting(eagle.drafter) == "gamma=7,top_k=10,tree_tokens=50"  # the same keys, the drafter's own defaults
     assert drafter_setting(chain.drafter) == "gamma=5"  # the draft-length policy is a setting column of its own
     assert (max_draft_depth(chain.drafter), max_draft_depth(tree.drafter)) == (9, 15)  # a tree: its node budget
+
+
+AS_LOADED = {"gamma": 5, "length": "fixed", "draft_vocab": None, "weights": None}
+TUNED_PAIR = {"gamma": 5, "length": "confidence", "draft_vocab": 32768, "weights": "int4"}  # conf/drafter_tuning
+
+
+def _drafter_keys(cfg) -> dict:
+    return {key: cfg.drafter[key] for key in AS_LOADED}
+
+
+def test_the_embedded_pair_drafts_with_its_measured_best_settings_and_a_command_line_key_wins():
+    assert _drafter_keys(run_config()) == TUNED_PAIR
+    assert _drafter_keys(run_config("drafter.length=fixed")) == {**TUNED_PAIR, "length": "fixed"}
+    assert _drafter_keys(run_config("drafter.weights=null", "drafter.gamma=3")) == {**TUNED_PAIR, "weights": None, "gamma": 3}
+    assert _drafter_keys(run_config("~drafter_tuning")) == AS_LOADED  # the drafter as loaded, gamma fixed
+    assert _drafter_keys(run_config("model=qwen3-8b")) == AS_LOADED  # another pair: nothing measured, nothing tuned
+    tree = run_config("drafter=model_tree")  # the tuning is the chain drafter's: the tree keeps its own defaults
+    assert (tree.drafter.length, tree.drafter.draft_vocab, tree.drafter.weights) == ("fixed", None, None)
+    check_run_config(run_config())
+
+
+@pytest.mark.parametrize("experiment", ["threshold_ablation", "table1", "zoo", "paper"])
+def test_the_paper_experiments_run_the_drafter_as_loaded_with_gamma_fixed(experiment):
+    assert _drafter_keys(run_config(f"experiment={experiment}")) == AS_LOADED
+    assert _drafter_keys(run_config(f"experiment={experiment}", "drafter.weights=int8"))["weights"] == "int8"
+
+
+def test_each_drafter_tuning_names_a_model_and_a_drafter_option_and_sets_only_that_drafters_keys():
+    from mars_bench.config import DrafterCommon
+    from mars_bench.drafting import drafter_settings
+
+    tunings = sorted((Path(CONF_DIR) / "drafter_tuning").glob("*.yaml"))
+    assert tunings
+    for tuning in tunings:
+        model, _, drafter = tuning.stem.rpartition("_")
+        assert model in GROUPS["model"] and drafter in GROUPS["drafter"], tuning.name
+        keys = set(OmegaConf.load(tuning))
+        allowed = {item.name for item in fields(DrafterCommon)} | {item.name for item in fields(drafter_settings(drafter))}
+        assert keys and keys <= allowed - {"name"}, tuning.name
+        cfg = run_config(f"model={model}", f"drafter={drafter}")
+        assert all(cfg.drafter[key] == value for key, value in OmegaConf.load(tuning).items())
+        check_run_config(cfg)
+
+
+def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path):
+    tuning = tmp_path / "conf" / "drafter_tuning" / "smollm2-135m_model.yaml"
+    tuning.parent.mkdir(parents=True)
+    tuning.write_text("# @package drafter\nlength: confidence\nweights: int8\n")
+    settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct"]
+    done = app(*FAST, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 0, done.stderr
+    method = [row for row in read_rows(tmp_path / "run" / "records.jsonl") if row["method"] != "baseline"]
+    assert method and all(row["drafter_setting"] == "gamma=5,weights=int8" for row in method)
+    assert all(row["draft_length"] == "confidence" and row["status"] == "ok" for row in method)
 
 
 def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():

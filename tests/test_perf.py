@@ -14,7 +14,7 @@ from mars_bench.perf.__main__ import main as perf_main
 from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.costs import ForwardTimer, predicted_step_speedup
 from mars_bench.perf.report import main as report_main
-from mars_bench.perf.report import task_ratios
+from mars_bench.perf.report import predicted_decode_tok_s, task_ratios
 from mars_bench.perf.suite import DraftConfig
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -91,6 +91,12 @@ def test_the_analytic_model_is_tokens_over_the_forward_cost_of_the_steps_taken()
     assert predicted_step_speedup(3, [0, 0, 0], target_s, 0.05) == pytest.approx(1.0)  # drafting nothing is the baseline
     # adaptive lengths: each step pays for its own drafts and its own verify width
     assert predicted_step_speedup(5, [1, 2], target_s, 0.05) == pytest.approx(0.5 / (0.05 + 0.104 + 0.1 + 0.108))
+
+
+def test_the_chain_is_also_held_to_the_decode_throughput_its_forward_costs_predict_without_an_ar_side():
+    # a predicted 2x over an AR side of one 0.25 s forward per token: the chain's forwards allow 8 tokens/s
+    assert predicted_decode_tok_s(2.0, {"target": {"1": 0.25, "2": 0.2}}) == pytest.approx(8.0)  # as read from perf.json
+    assert predicted_decode_tok_s(2.0, {"target": {1: 0.25, 2: 0.2}}) == pytest.approx(8.0)  # as the suite builds it
 
 
 def test_the_forward_timer_counts_every_forward_of_both_models_inside_its_block_only():

@@ -342,7 +342,7 @@ def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(t
 
 
 @pytest.mark.parametrize(("prefix", "tasks"), [("python -m mars_bench.perf --draft-length", ["--tasks", "gsm8k"]),
-                                               ("python -m mars_bench.perf --tasks mt_bench", [])])  # fmt: skip
+                                               ("python -m mars_bench.perf --tasks mt_bench --draft-length", [])])  # fmt: skip
 def test_the_drafter_configurations_run_each_length_policy_with_each_draft_vocabulary(prefix, tasks, tmp_path, monkeypatch):
     command = readme(prefix)
     counts = tmp_path / "counts.npy"
@@ -375,14 +375,18 @@ def test_the_temperature_1_run_times_the_configurations_it_names_one_by_one(tmp_
     assert "drafter configurations fixed, confidence + vocab 32768, 1 of 1 repeats" in (out / "perf.md").read_text()
 
 
-@pytest.mark.parametrize(("prefix", "chain"), [
-    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 0", "T=0 ours chain exact"),
-    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 1", "T=1 ours chain rejection"),
+GSM8K_ONLY = ["--tasks", "gsm8k"]
+
+
+@pytest.mark.parametrize(("prefix", "chain", "tasks"), [
+    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 0", "T=0 ours chain exact", GSM8K_ONLY),
+    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 1", "T=1 ours chain rejection", GSM8K_ONLY),
+    ("python -m mars_bench.perf --tasks mt_bench --configs", "T=0 ours chain exact", []),
 ])  # fmt: skip
-def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature(prefix, chain, tmp_path, monkeypatch):
+def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature(prefix, chain, tasks, tmp_path, monkeypatch):
     counts = tmp_path / "counts.npy"
     np.save(counts, np.arange(49152)[::-1])
-    small = [*PERF_SMALL, "--tasks", "gsm8k", "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
+    small = [*PERF_SMALL, *tasks, "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
     assert run(readme(prefix), tmp_path, monkeypatch, small) == 0
     out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
     report = json.loads((out / "perf.json").read_text())
@@ -390,6 +394,7 @@ def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperat
     assert chain in report["results"] and set(report["analytic"]["speedup_over_our_baseline"]) == {chain}
     assert list(report["analytic"]["costs"]["drafter"]) == ["32768:int4"]  # the quantized drafter's own forward cost
     assert report["results"][chain]["config"] == {"length": "confidence", "vocab": 32768, "weights": "int4"}
+    assert list(report["settings"]["tasks"]) == (tasks[1:] or ["mt_bench"])
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():
