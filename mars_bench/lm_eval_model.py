@@ -13,13 +13,17 @@ requests are refused.
 from __future__ import annotations
 
 from dataclasses import fields
+from types import SimpleNamespace
 from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from mars_bench.config import max_draft_depth
 from mars_bench.decoding import decode
-from mars_bench.drafting import drafter_for, drafter_needs_model, drafter_settings
+from mars_bench.decoding.draft_length import draft_length_policy
+from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, drafter_settings
+from mars_bench.drafting.model import check_min_confidence
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.verification import get_verifier, verifier_settings
 
@@ -29,8 +33,9 @@ LM_EVAL_ARGS = {"batch_size", "device", "max_batch_size"}  # lm-eval passes thes
 @register_model("mars_bench")
 class MarsBenchLM(LM):
     """target / draft_model: Hub ids or folders; drafter: model | model_tree | layerskip | lookup | none
-    (eagle3 needs a head, which this model does not take); any
-    further ``model_args`` are the named drafter's and verifier's own settings (e.g. theta, layers)."""
+    (eagle3 needs a head, which this model does not take); gamma, length, max_gamma and
+    min_confidence: the draft length, as the app's ``drafter.*`` keys; any further ``model_args``
+    are the named drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights)."""
 
     def __init__(
         self,
@@ -39,6 +44,9 @@ class MarsBenchLM(LM):
         drafter: str = "lookup",
         verifier: str = "exact",
         gamma: int = 5,
+        length: str = "fixed",
+        max_gamma: int = 16,
+        min_confidence: float = 0.4,
         dtype: str = "bfloat16",
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -49,20 +57,26 @@ class MarsBenchLM(LM):
         super().__init__()
         drafter_keys, verifier_keys = split_settings(drafter, verifier, settings)
         self.verifier = get_verifier(verifier, **verifier_keys)
+        self.draft_length = draft_length_settings(drafter, drafter_keys, int(gamma), length, int(max_gamma))
+        confidence = float(min_confidence) if length == "confidence" else None
+        if confidence is not None:
+            check_min_confidence(confidence)
         self.target = load_model(target, dtype=dtype)
-        self.drafter = self._drafter(drafter, draft_model, dtype, drafter_keys)
+        self.drafter = self._drafter(drafter, draft_model, dtype, drafter_keys, confidence)
         self.settings = {"gamma": int(gamma), "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
         self.max_new_tokens = int(max_new_tokens)
         self.stops = stop_token_ids(self.target)
 
-    def _drafter(self, name: str, draft_model: str | None, dtype: str, settings: dict[str, Any]) -> Any:
+    def _drafter(self, name: str, draft_model: str | None, dtype: str, settings: dict[str, Any],
+                 min_confidence: float | None) -> Any:  # fmt: skip
         small = None
         if drafter_needs_model(name):
             if not draft_model:
                 raise ValueError(f"drafter={name} needs draft_model=<Hub id or folder>")
             small = load_model(draft_model, dtype=dtype)
             check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
-        return drafter_for(name, self.target.model, small.model if small else None, tokenizer=self.target.tokenizer, **settings)
+        return drafter_for(name, self.target.model, small.model if small else None, tokenizer=self.target.tokenizer,
+                           min_confidence=min_confidence, **settings)  # fmt: skip
 
     @property
     def tokenizer_name(self) -> str:
@@ -94,6 +108,7 @@ class MarsBenchLM(LM):
             prompt,
             max_new_tokens=int(gen_kwargs.get("max_gen_toks", self.max_new_tokens)),
             stop_token_ids=self.stops,
+            draft_length=draft_length_policy(*self.draft_length),  # a fresh one per sequence: schedule adapts
             **self.settings,
         )
         text = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
@@ -105,6 +120,16 @@ class MarsBenchLM(LM):
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
+
+
+def draft_length_settings(drafter: str, drafter_keys: dict[str, Any], gamma: int, length: str,
+                          max_gamma: int) -> tuple[str, int, int]:  # fmt: skip
+    """(policy, gamma, deepest draft) for ``draft_length_policy``, checked before any model loads;
+    a tree drafts no deeper than its node budget holds, as in the app (``config.max_draft_depth``)."""
+    tree_tokens = getattr(build_settings(drafter, **drafter_keys), "tree_tokens", None)
+    deepest = max_draft_depth(SimpleNamespace(name=drafter, max_gamma=max_gamma, tree_tokens=tree_tokens))
+    draft_length_policy(length, gamma, deepest)
+    return length, gamma, deepest
 
 
 def split_settings(drafter: str, verifier: str, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -122,6 +122,7 @@ def test_each_drafter_tuning_names_a_model_and_a_drafter_option_and_sets_only_th
         check_run_config(cfg)
 
 
+@pytest.mark.slow
 def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path):
     tuning = tmp_path / "conf" / "drafter_tuning" / "smollm2-135m_model.yaml"
     tuning.parent.mkdir(parents=True)
