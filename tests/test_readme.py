@@ -383,7 +383,8 @@ GSM8K_ONLY = ["--tasks", "gsm8k"]
     ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 1", "T=1 ours chain rejection", GSM8K_ONLY),
     ("python -m mars_bench.perf --tasks mt_bench --configs", "T=0 ours chain exact", []),
 ])  # fmt: skip
-def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature(prefix, chain, tasks, tmp_path, monkeypatch):
+def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature_and_on_mt_bench(
+        prefix, chain, tasks, tmp_path, monkeypatch):  # fmt: skip
     counts = tmp_path / "counts.npy"
     np.save(counts, np.arange(49152)[::-1])
     small = [*PERF_SMALL, *tasks, "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
