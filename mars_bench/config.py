@@ -13,7 +13,7 @@ from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
-from mars_bench.decoding.draft_length import draft_length_policy
+from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import (
     available_drafters,
@@ -312,8 +312,7 @@ def check_run_config(cfg: Any) -> None:
         TreeShape(cfg.drafter.gamma, cfg.drafter.top_k, cfg.drafter.tree_tokens)
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
-    if cfg.drafter.length == "confidence":
-        check_min_confidence(cfg.drafter.min_confidence)
+    check_min_confidence(confidence_stop(cfg.drafter.length, cfg.drafter.min_confidence))
     if drafter_params(cfg.drafter).get("token_counts"):
         check_count_file(cfg.drafter.token_counts)
     parse_dtype(cfg.model.dtype)

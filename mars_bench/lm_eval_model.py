@@ -21,7 +21,7 @@ from lm_eval.api.registry import register_model
 
 from mars_bench.config import max_draft_depth
 from mars_bench.decoding import decode
-from mars_bench.decoding.draft_length import draft_length_policy
+from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
 from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, drafter_settings
 from mars_bench.drafting.model import check_min_confidence
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
@@ -58,9 +58,8 @@ class MarsBenchLM(LM):
         drafter_keys, verifier_keys = split_settings(drafter, verifier, settings)
         self.verifier = get_verifier(verifier, **verifier_keys)
         self.draft_length = draft_length_settings(drafter, drafter_keys, int(gamma), length, int(max_gamma))
-        confidence = float(min_confidence) if length == "confidence" else None
-        if confidence is not None:
-            check_min_confidence(confidence)
+        confidence = confidence_stop(length, min_confidence)
+        check_min_confidence(confidence)
         self.target = load_model(target, dtype=dtype)
         self.drafter = self._drafter(drafter, draft_model, dtype, drafter_keys, confidence)
         self.settings = {"gamma": int(gamma), "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}

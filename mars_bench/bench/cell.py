@@ -28,7 +28,7 @@ from mars_bench.config import (
     verifier_params,
 )
 from mars_bench.decoding import DecodeResult, decode
-from mars_bench.decoding.draft_length import draft_length_policy
+from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
 from mars_bench.drafting import drafter_for, drafter_needs_model
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.settings import label_values, plugin_label, setting_string
@@ -164,7 +164,7 @@ class Cell:
             self.target.model,
             drafter_model.model if drafter_model else None,
             head=self.cfg.model.eagle3_head,
-            min_confidence=d.min_confidence if d.length == "confidence" else None,
+            min_confidence=confidence_stop(d.length, d.min_confidence),
             tokenizer=self.target.tokenizer,
             **drafter_params(d),
         )

@@ -49,6 +49,12 @@ class AcceptanceSchedule(DraftLength):
 LENGTH_POLICIES = ("fixed", "schedule", "confidence")
 
 
+def confidence_stop(length: str, min_confidence: float | None) -> float | None:
+    """The draft probability q below which the drafter ends a draft: ``min_confidence`` under the
+    ``confidence`` policy, None (never) under the others."""
+    return min_confidence if length == "confidence" else None
+
+
 def draft_length_policy(name: str, gamma: int, maximum: int = 16) -> DraftLength:
     """A fresh policy for one sequence. ``confidence`` drafts up to gamma per step; the drafter stops early."""
     if name not in LENGTH_POLICIES:

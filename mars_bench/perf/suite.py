@@ -24,7 +24,7 @@ from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
 from mars_bench.config import DrafterConfig, TaskConfig
 from mars_bench.decoding import decode
-from mars_bench.decoding.draft_length import draft_length_policy
+from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting import drafter_for
@@ -175,9 +175,9 @@ class Suite:
         self.meter = ContentionMeter()  # what other processes used while each decode was timed
 
     def build_drafter(self, config: DraftConfig) -> Any:
-        min_confidence = DrafterConfig.min_confidence if config.length == "confidence" else None
         counts = self.settings.token_counts if config.vocab else None
-        return drafter_for("model", self.target.model, self.draft.model, min_confidence=min_confidence,
+        return drafter_for("model", self.target.model, self.draft.model,
+                           min_confidence=confidence_stop(config.length, DrafterConfig.min_confidence),
                            tokenizer=self.target.tokenizer, draft_vocab=config.vocab, token_counts=counts,
                            weights=config.weights)  # fmt: skip
 
