@@ -12,23 +12,19 @@ from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
+from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import (
     available_drafters,
-    build_settings,
-    check_drafter_name,
     drafter_needs_model,
     drafter_settings,
     drafters_without_model,
-    is_tree_drafter,
 )
-from mars_bench.drafting.draft_vocab import check_count_file
-from mars_bench.drafting.model import check_min_confidence
-from mars_bench.drafting.tree import TreeShape
+from mars_bench.method import MethodSpec, check_tree_judges
 from mars_bench.placement import check_memory_budget, parse_dtype
-from mars_bench.settings import label_items, parse_label, plugin_label, setting_string
+from mars_bench.settings import parse_label, plugin_label
 from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
@@ -68,10 +64,10 @@ class DrafterCommon:
     declared once, by the drafter (``drafter_settings(name)``), and added by ``settings_schema``."""
 
     name: str = "model"
-    gamma: int = 5  # drafted tokens per step (a tree's depth)
-    length: str = "fixed"  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence
-    max_gamma: int = 16  # schedule: the most drafts per step
-    min_confidence: float = 0.4  # confidence: stop drafting after a token the drafter gives q below this
+    gamma: int = DEFAULT_LENGTH.gamma  # drafted tokens per step (a tree's depth)
+    length: str = DEFAULT_LENGTH.length  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence
+    max_gamma: int = DEFAULT_LENGTH.max_gamma  # schedule: the most drafts per step
+    min_confidence: float = DEFAULT_LENGTH.min_confidence  # confidence: stop drafting after a draft with q below this
 
 
 @dataclass
@@ -166,7 +162,22 @@ class RunConfig:
     include_disturbed: bool = False  # count disturbed rows in the run's speedups (left out by default)
 
 
+CPU_PLACEMENTS = (None, "cpu")  # model.device_map values that keep the target on the CPU
+
+
+def cpu_tuned(key: str, value: Any, *, _parent_: Any, _root_: Any) -> Any:
+    """``${cpu_tuned:KEY,VALUE}`` in a drafter tuning (conf/drafter_tuning): the tuning's VALUE for the
+    drafter's KEY where the target runs on the CPU, where the tuning was measured; elsewhere (a
+    ``model.device_map`` placing it on a GPU) the drafter's own default for KEY, so a GPU run drafts as
+    the drafter does untuned instead of with settings measured on another machine (or refused)."""
+    if _root_.model.device_map in CPU_PLACEMENTS:
+        return value
+    return getattr(DRAFTER_SCHEMAS[_parent_.name], key)
+
+
 def register_configs() -> None:
+    if not OmegaConf.has_resolver("cpu_tuned"):
+        OmegaConf.register_new_resolver("cpu_tuned", cpu_tuned)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     store.store(group="model", name="model_schema", node=ModelConfig)
@@ -193,18 +204,18 @@ def drafter_params(drafter: Any) -> dict[str, Any]:
     return plugin_settings(drafter_settings(drafter.name), drafter)
 
 
-def drafter_setting(drafter: Any) -> str:
-    """The keys that shape the drafter's drafts: gamma and its own settings, e.g. ``gamma=5,top_k=3,tree_tokens=16``
-    (a setting added later is left out at its default, so older records keep their label)."""
-    return setting_string({"gamma": drafter.gamma, **label_items(drafter_settings(drafter.name), drafter_params(drafter))})
-
-
-def max_draft_depth(drafter: Any) -> int:
-    """The deepest draft a draft-length schedule may ask for: ``max_gamma``, and for a tree no
-    deeper than its node budget holds (``tree_tokens - 1``), so the schedule never runs ahead of it."""
-    if is_tree_drafter(drafter.name):
-        return min(drafter.max_gamma, drafter.tree_tokens - 1)
-    return drafter.max_gamma
+def method_spec(cfg: Any) -> MethodSpec:
+    """The configured method: the ``drafter`` node (name, draft length, the drafter's own settings), the
+    ``verifier`` node and the sampling keys, checked (ValueError, one line)."""
+    drafter = cfg.drafter
+    return MethodSpec.create(
+        drafter.name,
+        cfg.verifier.name,
+        drafter_settings=drafter_params(drafter),
+        verifier_settings=verifier_params(cfg.verifier),
+        length=DraftLengthSettings(drafter.length, drafter.gamma, drafter.max_gamma, drafter.min_confidence),
+        sampling=SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k),
+    )
 
 
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:
@@ -293,28 +304,11 @@ def check_slurm_sweep(overrides: list[str]) -> None:
 
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
-    SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
-    get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
-    shadows = shadow_verifiers(cfg)
-    check_drafter_name(cfg.drafter.name)
-    if is_tree_drafter(cfg.drafter.name):
-        live = get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
-        chain_only = [label for label, verifier in {cfg.verifier.name: live, **shadows}.items() if verifier.chains_only]
-        if chain_only:
-            raise ValueError(
-                f"drafter={cfg.drafter.name} drafts trees, which {', '.join(chain_only)} cannot judge: "
-                "use a chain drafter (model, layerskip, lookup) or a verifier that judges trees"
-            )
-    draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, cfg.drafter.max_gamma)
-    build_settings(cfg.drafter.name, **drafter_params(cfg.drafter))
-    if is_tree_drafter(cfg.drafter.name):
-        TreeShape(cfg.drafter.gamma, cfg.drafter.top_k, cfg.drafter.tree_tokens)
+    method_spec(cfg)
+    check_tree_judges(cfg.drafter.name, shadow_verifiers(cfg))
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
-    check_min_confidence(confidence_stop(cfg.drafter.length, cfg.drafter.min_confidence))
-    if drafter_params(cfg.drafter).get("token_counts"):
-        check_count_file(cfg.drafter.token_counts)
     parse_dtype(cfg.model.dtype)
     check_memory_budget(cfg.model.device_map, cfg.model.max_memory)
     if drafter_needs_model(cfg.drafter.name) and not cfg.model.draft_model:

@@ -12,30 +12,38 @@ requests are refused.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import fields
-from types import SimpleNamespace
 from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from mars_bench.config import max_draft_depth
 from mars_bench.decoding import decode
-from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
-from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, drafter_settings
-from mars_bench.drafting.model import check_min_confidence
+from mars_bench.decoding.draft_length import DraftLengthSettings
+from mars_bench.decoding.stop_strings import StopStrings
+from mars_bench.drafting import drafter_needs_model, drafter_settings
+from mars_bench.method import MethodSpec
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.verification import get_verifier, verifier_settings
+from mars_bench.verification import verifier_settings
+from mars_bench.verification.sampling import SamplingParams
 
+LOG = logging.getLogger(__name__)
 LM_EVAL_ARGS = {"batch_size", "device", "max_batch_size"}  # lm-eval passes these to every model; decoding is one prompt at a time
+LENGTH_KEYS = {item.name for item in fields(DraftLengthSettings)}  # the draft length, as the app's drafter.* keys
+SAMPLING_KEYS = {"temperature", "top_p"}  # model_args' sampling defaults (top_k there is the tree drafters' setting)
+GEN_KWARGS_USED = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}  # after normalize_gen_kwargs
 
 
 @register_model("mars_bench")
 class MarsBenchLM(LM):
     """target / draft_model: Hub ids or folders; drafter: model | model_tree | layerskip | lookup | none
     (eagle3 needs a head, which this model does not take); gamma, length, max_gamma and
-    min_confidence: the draft length, as the app's ``drafter.*`` keys; any further ``model_args``
-    are the named drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights)."""
+    min_confidence: the draft length, as the app's ``drafter.*`` keys; temperature and top_p: the
+    sampling unless a task's ``gen_kwargs`` set it; any further ``model_args`` are the named
+    drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights)."""
 
     def __init__(
         self,
@@ -43,39 +51,27 @@ class MarsBenchLM(LM):
         draft_model: str | None = None,
         drafter: str = "lookup",
         verifier: str = "exact",
-        gamma: int = 5,
-        length: str = "fixed",
-        max_gamma: int = 16,
-        min_confidence: float = 0.4,
         dtype: str = "bfloat16",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
         max_new_tokens: int = 256,
         seed: int = 0,
         **settings: Any,
     ) -> None:
         super().__init__()
-        drafter_keys, verifier_keys = split_settings(drafter, verifier, settings)
-        self.verifier = get_verifier(verifier, **verifier_keys)
-        self.draft_length = draft_length_settings(drafter, drafter_keys, int(gamma), length, int(max_gamma))
-        confidence = confidence_stop(length, min_confidence)
-        check_min_confidence(confidence)
+        self.spec = lm_eval_spec(drafter, verifier, settings)  # every value checked before any model loads
         self.target = load_model(target, dtype=dtype)
-        self.drafter = self._drafter(drafter, draft_model, dtype, drafter_keys, confidence)
-        self.settings = {"gamma": int(gamma), "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
-        self.max_new_tokens = int(max_new_tokens)
+        self.drafter = self._drafter(draft_model, dtype)
+        self.verifier = self.spec.build_verifier()
+        self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
         self.stops = stop_token_ids(self.target)
 
-    def _drafter(self, name: str, draft_model: str | None, dtype: str, settings: dict[str, Any],
-                 min_confidence: float | None) -> Any:  # fmt: skip
+    def _drafter(self, draft_model: str | None, dtype: str) -> Any:
         small = None
-        if drafter_needs_model(name):
+        if drafter_needs_model(self.spec.drafter):
             if not draft_model:
-                raise ValueError(f"drafter={name} needs draft_model=<Hub id or folder>")
+                raise ValueError(f"drafter={self.spec.drafter} needs draft_model=<Hub id or folder>")
             small = load_model(draft_model, dtype=dtype)
             check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
-        return drafter_for(name, self.target.model, small.model if small else None, tokenizer=self.target.tokenizer,
-                           min_confidence=min_confidence, **settings)  # fmt: skip
+        return self.spec.build_drafter(self.target.model, small.model if small else None, tokenizer=self.target.tokenizer)
 
     @property
     def tokenizer_name(self) -> str:
@@ -97,22 +93,35 @@ class MarsBenchLM(LM):
         return outputs
 
     def generate(self, context: str, gen_kwargs: dict[str, Any]) -> str:
-        until = gen_kwargs.get("until") or []
-        until = [until] if isinstance(until, str) else list(until)
+        """One request, as lm-eval's HF model serves it: the task's ``until`` strings (and the end-of-text
+        token's text) end decoding as they appear and cut the answer; ``max_gen_toks`` (or an alias) is the
+        budget (default: ``max_new_tokens``); the task's sampling settings win over ``model_args``."""
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_new_tokens)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=self.eos_text)
+        ignored = sorted(set(kwargs) - GEN_KWARGS_USED)
+        if ignored:
+            LOG.warning("mars_bench ignores the gen_kwargs %s", ", ".join(ignored))
+        spec = self.spec.with_sampling(request_sampling(gen_kwargs, self.spec.sampling))
         prompt = self.target.tokenizer(context, add_special_tokens=False)["input_ids"]
         result = decode(
             self.target.model,
             self.drafter,
             self.verifier,
             prompt,
-            max_new_tokens=int(gen_kwargs.get("max_gen_toks", self.max_new_tokens)),
+            max_new_tokens=int(kwargs["max_gen_toks"]),
             stop_token_ids=self.stops,
-            draft_length=draft_length_policy(*self.draft_length),  # a fresh one per sequence: schedule adapts
-            **self.settings,
+            seed=self.seed,
+            stop_when=StopStrings(self.target.tokenizer, tuple(until)),
+            **spec.decode_kwargs(),  # a fresh draft-length policy per sequence: schedule adapts
         )
         text = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        cut = min((text.find(stop) for stop in until if stop and stop in text), default=len(text))
-        return text[:cut]
+        return postprocess_generated_text(text, until, None)
+
+    @property
+    def eos_text(self) -> str | None:
+        """The end-of-text token's text, which lm-eval's HF model adds to every request's stop strings."""
+        eos = self.target.tokenizer.eos_token_id
+        return None if eos is None else self.target.tokenizer.decode([eos], skip_special_tokens=False)
 
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
@@ -121,28 +130,41 @@ class MarsBenchLM(LM):
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
 
 
-def draft_length_settings(drafter: str, drafter_keys: dict[str, Any], gamma: int, length: str,
-                          max_gamma: int) -> tuple[str, int, int]:  # fmt: skip
-    """(policy, gamma, deepest draft) for ``draft_length_policy``, checked before any model loads;
-    a tree drafts no deeper than its node budget holds, as in the app (``config.max_draft_depth``)."""
-    tree_tokens = getattr(build_settings(drafter, **drafter_keys), "tree_tokens", None)
-    deepest = max_draft_depth(SimpleNamespace(name=drafter, max_gamma=max_gamma, tree_tokens=tree_tokens))
-    draft_length_policy(length, gamma, deepest)
-    return length, gamma, deepest
+def request_sampling(gen_kwargs: dict[str, Any], default: SamplingParams) -> SamplingParams:
+    """The sampling of one request: ``model_args``' (``default``) where the task sets nothing, else the
+    task's, read as lm-eval reads them: ``do_sample: false`` is greedy; ``do_sample: true`` samples at the
+    task's temperature, or the model's where it is greedy, then 1 (transformers' default); a temperature
+    without ``do_sample`` samples when it is above 0. ``top_p`` and ``top_k`` from the task win too."""
+    do_sample, temperature = gen_kwargs.get("do_sample"), gen_kwargs.get("temperature")
+    if do_sample is False:
+        temperature = 0.0
+    elif do_sample is True:
+        temperature = float(temperature) if temperature is not None else (default.temperature or 1.0)
+    else:
+        temperature = default.temperature if temperature is None else float(temperature)
+    return SamplingParams(temperature, float(gen_kwargs.get("top_p", default.top_p)), int(gen_kwargs.get("top_k", default.top_k)))
 
 
-def split_settings(drafter: str, verifier: str, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Sort ``model_args`` beyond the fixed ones into the drafter's and the verifier's settings, as
-    each declares them; any other key is refused in one line that names the allowed ones."""
+def lm_eval_spec(drafter: str, verifier: str, settings: dict[str, Any]) -> MethodSpec:
+    """The method that ``model_args`` describe: the draft length, the sampling defaults and the named
+    drafter's and verifier's own settings, sorted as each declares them. Any other key is refused in
+    one line that names the allowed ones; ``None``/``null`` mean None."""
     drafter_keys = {item.name for item in fields(drafter_settings(drafter))}
     verifier_keys = {item.name for item in fields(verifier_settings(verifier))}
-    unknown = sorted(set(settings) - drafter_keys - verifier_keys - LM_EVAL_ARGS)
+    unknown = sorted(set(settings) - drafter_keys - verifier_keys - LENGTH_KEYS - SAMPLING_KEYS - LM_EVAL_ARGS)
     if unknown:
         allowed = ", ".join(sorted(drafter_keys | verifier_keys)) or "none"
         raise ValueError(f"unknown model_args {', '.join(unknown)} for drafter={drafter}, verifier={verifier}: "
                          f"their settings are {allowed}")  # fmt: skip
     values = {key: None if value in ("None", "null") else value for key, value in settings.items()}
-    return ({key: values[key] for key in drafter_keys & set(values)}, {key: values[key] for key in verifier_keys & set(values)})
+
+    def picked(keys: set[str]) -> dict[str, Any]:
+        return {key: values[key] for key in keys & set(values)}
+
+    length = dataclasses.replace(DraftLengthSettings(), **picked(LENGTH_KEYS))
+    sampling = dataclasses.replace(SamplingParams(), **{key: float(value) for key, value in picked(SAMPLING_KEYS).items()})
+    return MethodSpec.create(drafter, verifier, drafter_settings=picked(drafter_keys), verifier_settings=picked(verifier_keys),
+                             length=length, sampling=sampling)  # fmt: skip
 
 
 def cli() -> None:

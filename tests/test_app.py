@@ -25,7 +25,7 @@ from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.cell import run_cell
 from mars_bench.bench.manifest import source_hash
 from mars_bench.bench.records import Record, read_rows
-from mars_bench.config import check_run_config, drafter_setting, max_draft_depth
+from mars_bench.config import check_run_config, method_spec
 from mars_bench.tasks import QuestionFileError
 
 GROUPS = {
@@ -74,10 +74,11 @@ def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults
         eagle = compose(config_name="config", overrides=["drafter=eagle3", "model=llama3.1-8b"])
         chain = compose(config_name="config", overrides=["drafter=model", "drafter.length=schedule", "drafter.max_gamma=9",
                                                          "~drafter_tuning"])  # fmt: skip
-    assert drafter_setting(tree.drafter) == "gamma=5,top_k=3,tree_tokens=16"
-    assert drafter_setting(eagle.drafter) == "gamma=7,top_k=10,tree_tokens=50"  # the same keys, the drafter's own defaults
-    assert drafter_setting(chain.drafter) == "gamma=5"  # the draft-length policy is a setting column of its own
-    assert (max_draft_depth(chain.drafter), max_draft_depth(tree.drafter)) == (9, 15)  # a tree: its node budget
+    tree, eagle, chain = method_spec(tree), method_spec(eagle), method_spec(chain)
+    assert tree.drafter_setting == "gamma=5,top_k=3,tree_tokens=16"
+    assert eagle.drafter_setting == "gamma=7,top_k=10,tree_tokens=50"  # the same keys, the drafter's own defaults
+    assert chain.drafter_setting == "gamma=5"  # the draft-length policy is a setting column of its own
+    assert (chain.max_draft_depth, tree.max_draft_depth) == (9, 15)  # a tree: its node budget
 
 
 AS_LOADED = {"gamma": 5, "length": "fixed", "draft_vocab": None, "weights": None}
@@ -118,8 +119,21 @@ def test_each_drafter_tuning_names_a_model_and_a_drafter_option_and_sets_only_th
         allowed = {item.name for item in fields(DrafterCommon)} | {item.name for item in fields(drafter_settings(drafter))}
         assert keys and keys <= allowed - {"name"}, tuning.name
         cfg = run_config(f"model={model}", f"drafter={drafter}")
-        assert all(cfg.drafter[key] == value for key, value in OmegaConf.load(tuning).items())
+        on_cpu = OmegaConf.create({"model": {"device_map": None}, "drafter": OmegaConf.load(tuning)})  # as measured
+        assert all(cfg.drafter[key] == value for key, value in OmegaConf.to_container(on_cpu.drafter, resolve=True).items())
         check_run_config(cfg)
+        on_gpu = run_config(f"model={model}", f"drafter={drafter}", "model.device_map=cuda")
+        untuned = run_config(f"model={model}", f"drafter={drafter}", "~drafter_tuning")
+        assert all(on_gpu.drafter[key] == untuned.drafter[key] for key in keys), tuning.name  # tuned on the CPU only
+
+
+def test_on_a_gpu_the_main_command_drafts_as_loaded_and_is_not_refused_for_the_cpus_int4():
+    cfg = run_config("model.device_map=cuda")
+    check_run_config(cfg)  # no GPU is needed to compose and check it
+    assert _drafter_keys(cfg) == AS_LOADED
+    gpu_confidence = run_config("model.device_map=cuda", "drafter.length=confidence")  # a command line key still wins
+    assert _drafter_keys(gpu_confidence) == {**AS_LOADED, "length": "confidence"}
+    assert _drafter_keys(run_config("model.device_map=cpu")) == TUNED_PAIR  # placed on the CPU: tuned as measured
 
 
 @pytest.mark.slow

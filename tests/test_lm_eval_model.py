@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from mars_bench.lm_eval_model import MarsBenchLM
+from mars_bench import lm_eval_model
+from mars_bench.decoding import decode
+from mars_bench.lm_eval_model import MarsBenchLM, request_sampling
+from mars_bench.verification.sampling import SamplingParams
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GREEDY = {"max_gen_toks": 24, "until": []}
@@ -34,5 +37,71 @@ def test_each_draft_length_keeps_the_targets_greedy_decode():
     expected = plain.generate(context, GREEDY)
     for length, min_confidence in (("confidence", 0.4), ("schedule", None), ("fixed", None)):
         lm = MarsBenchLM(target=SMOLLM, drafter="layerskip", verifier="exact", dtype="float32", layers=24, length=length)
-        assert lm.drafter.min_confidence == min_confidence and lm.draft_length == (length, 5, 16)
+        assert lm.drafter.min_confidence == min_confidence
+        assert (lm.spec.length.length, lm.spec.length.gamma, lm.spec.max_draft_depth) == (length, 5, 16)
         assert lm.generate(context, GREEDY) == expected, length
+
+
+@pytest.mark.parametrize(("gen_kwargs", "default", "expected"), [
+    ({}, SamplingParams(0.7, 0.9), SamplingParams(0.7, 0.9)),  # the task sets nothing: model_args' sampling
+    ({"do_sample": False, "temperature": 0.8}, SamplingParams(1.0), SamplingParams(0.0)),  # do_sample false is greedy
+    ({"do_sample": True, "temperature": 1.0}, SamplingParams(0.0), SamplingParams(1.0)),
+    ({"do_sample": True}, SamplingParams(0.0), SamplingParams(1.0)),  # transformers' default temperature
+    ({"do_sample": True}, SamplingParams(0.6), SamplingParams(0.6)),
+    ({"temperature": 0.5, "top_p": 0.9, "top_k": 40}, SamplingParams(0.0), SamplingParams(0.5, 0.9, 40)),
+    ({"temperature": 0.0}, SamplingParams(1.0, 0.8), SamplingParams(0.0, 0.8)),
+])  # fmt: skip
+def test_a_tasks_sampling_settings_win_over_the_model_args(gen_kwargs, default, expected):
+    assert request_sampling(gen_kwargs, default) == expected
+
+
+@pytest.fixture(scope="module")
+def layerskip_lm():
+    return MarsBenchLM(target=SMOLLM, drafter="layerskip", verifier="exact", dtype="float32", layers=24)
+
+
+@pytest.fixture()
+def decodes(monkeypatch):
+    """Every ``decode`` call the lm-eval model makes: (its keyword arguments, its result)."""
+    calls = []
+
+    def recorded(*args, **kwargs):
+        result = decode(*args, **kwargs)
+        calls.append((kwargs, result))
+        return result
+
+    monkeypatch.setattr(lm_eval_model, "decode", recorded)
+    return calls
+
+
+@pytest.mark.slow
+def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(layerskip_lm, decodes):
+    lm = layerskip_lm
+    context = lm.apply_chat_template([{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
+    prompt = lm.target.tokenizer(context, add_special_tokens=False)["input_ids"]
+    full = decode(lm.target.model, lm.drafter, lm.verifier, prompt, max_new_tokens=96, stop_token_ids=lm.stops,
+                  **lm.spec.decode_kwargs())  # fmt: skip
+    text = lm.target.tokenizer.decode(full.tokens, skip_special_tokens=True)
+    middle = len(text) // 2
+    stop = next(text[at : at + 6] for at in range(middle, len(text) - 6) if text[at : at + 6] not in text[: at + 5])
+    todays = text[: text.find(stop)]  # what the model answered before: the whole budget decoded, then cut
+    assert len(todays) >= middle  # the stop string first appears halfway through
+
+    answer = lm.generate(context, {"until": [stop], "max_gen_toks": 96})
+    (kwargs, result), = decodes
+    assert answer == todays
+    assert result.stop_reason == "stop_string" and result.tokens == full.tokens[: len(result.tokens)]
+    decoded = [lm.target.tokenizer.decode(full.tokens[:n], skip_special_tokens=True) for n in range(len(full.tokens) + 1)]
+    first = next(n for n, part in enumerate(decoded) if stop in part)  # the stop string is complete after `first` tokens
+    assert first <= len(result.tokens) <= first + lm.spec.length.gamma + 1  # at most one step's drafts past it
+    assert len(result.tokens) < len(full.tokens)
+
+
+@pytest.mark.slow
+def test_a_task_asking_for_sampling_is_sampled(layerskip_lm, decodes):
+    lm = layerskip_lm
+    context = lm.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
+    greedy = lm.generate(context, {"until": [], "max_gen_toks": 24})
+    sampled = lm.generate(context, {"until": [], "max_gen_toks": 24, "do_sample": True, "temperature": 1.0})
+    assert [call["temperature"] for call, _ in decodes] == [0.0, 1.0]
+    assert sampled != greedy

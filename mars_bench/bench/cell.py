@@ -19,24 +19,17 @@ from mars_bench.bench.claims import Claim
 from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
-from mars_bench.config import (
-    check_run_config,
-    drafter_params,
-    drafter_setting,
-    max_draft_depth,
-    shadow_verifiers,
-    verifier_params,
-)
+from mars_bench.config import check_run_config, method_spec, shadow_verifiers
 from mars_bench.decoding import DecodeResult, decode
-from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
-from mars_bench.drafting import drafter_for, drafter_needs_model
+from mars_bench.drafting import drafter_needs_model
+from mars_bench.method import MethodSpec
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.settings import label_values, plugin_label, setting_string
+from mars_bench.settings import plugin_label, setting_string
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.scoring import rouge_l
-from mars_bench.verification import Verifier, get_verifier
+from mars_bench.verification import Verifier
 
 
 @lru_cache(maxsize=4)
@@ -73,11 +66,12 @@ def load_models(cfg: Any) -> dict[str, LoadedModel]:
     return models
 
 
-def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str, Any]:
-    """The config keys every record of a cell carries; the verifier's settings come from the
-    verifier itself (or, before one is built, from the config node of the one named)."""
+def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, Any]:
+    """The config keys every record of a cell carries, from the cell's method (``spec``; before one
+    is built, from the config, without the settings of a method the config cannot build)."""
     model = cfg.model
-    settings = label_values(verifier.params) if verifier is not None else configured_settings(cfg)
+    spec = spec or configured_spec(cfg)
+    settings = spec.verifier_values if spec is not None else {}
     return {
         "cell": name,
         "model": model.name,
@@ -97,16 +91,16 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
         "max_new_tokens": cfg.max_new_tokens,
         "dtype": model.dtype,
         "draft_length": cfg.drafter.length,
-        "drafter_setting": drafter_setting(cfg.drafter),
+        "drafter_setting": spec.drafter_setting if spec is not None else "",
     }
 
 
-def configured_settings(cfg: Any) -> dict[str, Any]:
-    """The configured verifier's settings, or none where its name is not known (the failure row says why)."""
+def configured_spec(cfg: Any) -> MethodSpec | None:
+    """The configured method, or None where the config cannot build one (the failure row says why)."""
     try:
-        return label_values(get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier)).params)
-    except ValueError:
-        return {}
+        return method_spec(cfg)
+    except (TypeError, ValueError):
+        return None
 
 
 def failure_record(
@@ -126,7 +120,11 @@ def failure_record(
 
 @dataclass
 class Method:
+    """One of a cell's two methods: the spec it was built from, and its built verifier and drafter
+    (both None for the autoregressive baseline)."""
+
     label: str
+    spec: MethodSpec
     verifier: Verifier | None
     drafter: Any
 
@@ -143,8 +141,10 @@ class Cell:
         self.models = load_models(cfg)
         self.target = self.models["target"]
         self.stops = stop_token_ids(self.target)
-        verifier = get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier))
-        self.methods = [Method(BASELINE, None, None), Method(cfg.verifier.name, verifier, self.build_drafter())]
+        self.spec = method_spec(cfg)
+        baseline = MethodSpec(sampling=self.spec.sampling)
+        self.methods = [Method(BASELINE, baseline, None, None),
+                        Method(cfg.verifier.name, self.spec, self.spec.build_verifier(), self.build_drafter())]  # fmt: skip
         self.scorer = self.build_scorer()
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
@@ -158,16 +158,9 @@ class Cell:
         return SCORERS.get(task.scorer) if task.scorer else None
 
     def build_drafter(self) -> Any:
-        d, drafter_model = self.cfg.drafter, self.models.get("drafter")
-        return drafter_for(
-            d.name,
-            self.target.model,
-            drafter_model.model if drafter_model else None,
-            head=self.cfg.model.eagle3_head,
-            min_confidence=confidence_stop(d.length, d.min_confidence),
-            tokenizer=self.target.tokenizer,
-            **drafter_params(d),
-        )
+        drafter_model = self.models.get("drafter")
+        return self.spec.build_drafter(self.target.model, drafter_model.model if drafter_model else None,
+                                       head=self.cfg.model.eagle3_head, tokenizer=self.target.tokenizer)  # fmt: skip
 
     def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
         cfg = self.cfg
@@ -177,15 +170,11 @@ class Cell:
             method.verifier,
             prompt,
             max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-            gamma=cfg.drafter.gamma,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
             stop_token_ids=self.stops,
             seed=seed,
             shadow=list(self.shadows.values()) if method.verifier is not None else (),
-            draft_length=draft_length_policy(cfg.drafter.length, cfg.drafter.gamma, max_draft_depth(cfg.drafter)),
             fidelity=cfg.fidelity and method.verifier is not None,
+            **method.spec.decode_kwargs(),
         )
 
     def timed_decode(self, method: Method, prompt: list[int], seed: int) -> tuple[DecodeResult, Contention, int]:
@@ -292,7 +281,7 @@ class Cell:
         shared = method.verifier is None and self.baselines is not None
         key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
         if shared and (row := self.baselines.get_or_claim(key)) is not None:
-            keys = cell_keys(self.cfg, self.name, self.methods[1].verifier)
+            keys = cell_keys(self.cfg, self.name, self.spec)
             copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION,
                       "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
             return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
@@ -328,7 +317,7 @@ class Cell:
         margins = [r for step in result.steps for r in step.margins]
         is_method = method.verifier is not None
         return Record(
-            **cell_keys(cfg, self.name, method.verifier or self.methods[1].verifier),
+            **cell_keys(cfg, self.name, self.spec),
             question_id=question.question_id,
             category=question.category,
             turn=turn,

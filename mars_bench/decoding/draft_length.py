@@ -11,6 +11,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+LENGTH_POLICIES = ("fixed", "schedule", "confidence")
+
+
+@dataclass(frozen=True)
+class DraftLengthSettings:
+    """How many drafts a step asks for: the one home of these keys' defaults (the app's ``drafter.*``
+    keys, the perf suite and the lm-eval model take them from here).
+
+    length: the policy, fixed | schedule | confidence. gamma: drafts per step (a tree's depth); under
+    ``schedule`` the first step's, adapted between 1 and ``max_gamma``. min_confidence: under
+    ``confidence``, the drafter ends a draft after a token it gives q below this.
+    """
+
+    length: str = "fixed"
+    gamma: int = 5
+    max_gamma: int = 16
+    min_confidence: float = 0.4
+
+    @property
+    def confidence_stop(self) -> float | None:
+        """The draft probability q below which the drafter ends a draft: ``min_confidence`` under the
+        ``confidence`` policy, None (never) under the others."""
+        return self.min_confidence if self.length == "confidence" else None
+
+
+DEFAULT_LENGTH = DraftLengthSettings()
+
 
 class DraftLength:
     """Asked before each step for the number of drafts; told afterwards what was kept."""
@@ -34,7 +61,7 @@ class FixedLength(DraftLength):
 class AcceptanceSchedule(DraftLength):
     gamma: int
     minimum: int = 1
-    maximum: int = 16
+    maximum: int = DEFAULT_LENGTH.max_gamma
 
     def next(self) -> int:
         return self.gamma
@@ -46,16 +73,8 @@ class AcceptanceSchedule(DraftLength):
         self.gamma = max(self.minimum, min(self.maximum, self.gamma + step))
 
 
-LENGTH_POLICIES = ("fixed", "schedule", "confidence")
 
-
-def confidence_stop(length: str, min_confidence: float | None) -> float | None:
-    """The draft probability q below which the drafter ends a draft: ``min_confidence`` under the
-    ``confidence`` policy, None (never) under the others."""
-    return min_confidence if length == "confidence" else None
-
-
-def draft_length_policy(name: str, gamma: int, maximum: int = 16) -> DraftLength:
+def draft_length_policy(name: str, gamma: int, maximum: int = DEFAULT_LENGTH.max_gamma) -> DraftLength:
     """A fresh policy for one sequence. ``confidence`` drafts up to gamma per step; the drafter stops early."""
     if name not in LENGTH_POLICIES:
         raise ValueError(f"drafter.length={name!r} is invalid: allowed are {', '.join(LENGTH_POLICIES)}")

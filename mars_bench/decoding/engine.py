@@ -8,7 +8,7 @@ path only (a chain's rejected tail is simply cropped).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.decoding.clock import Clock
-from mars_bench.decoding.draft_length import DraftLength, FixedLength
+from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLength, FixedLength
 from mars_bench.decoding.fidelity import step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter, empty_draft
@@ -32,7 +32,7 @@ class DecodeSettings:
     """Per-sequence limits. gamma: drafted tokens per step (chain length)."""
 
     max_new_tokens: int = 128
-    gamma: int = 5
+    gamma: int = DEFAULT_LENGTH.gamma
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -68,7 +68,7 @@ def decode(
     prompt_ids: list[int] | torch.Tensor,
     *,
     max_new_tokens: int = 128,
-    gamma: int = 5,
+    gamma: int = DEFAULT_LENGTH.gamma,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -78,6 +78,7 @@ def decode(
     shadow: Sequence[Verifier | str] = (),
     draft_length: DraftLength | None = None,
     fidelity: bool = False,
+    stop_when: Callable[[list[int]], bool] | None = None,
 ) -> DecodeResult:
     """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None).
 
@@ -91,6 +92,8 @@ def decode(
     draft_length: the policy that sets each step's number of drafts (default: always ``gamma``).
     fidelity: also record, per step, what the live verifier and each shadow cost against the
     target at every judged position (``decoding/fidelity.py``), outside the method's time.
+    stop_when: called with the new tokens so far after every step; True ends decoding there (e.g.
+    ``StopStrings``: a stop string in the decoded text), so at most one step's tokens follow the stop.
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
@@ -109,13 +112,15 @@ def decode(
     shadow_generator.manual_seed((0 if seed is None else seed) + 1)
     shadows = (tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow), shadow_generator)
     length = draft_length or FixedLength(settings.gamma)
-    return _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length, fidelity).run(prompt)
+    run = _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length, fidelity, stop_when)
+    return run.run(prompt)
 
 
 class _Run:
     """State of one sequence being decoded."""
 
-    def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length, fidelity) -> None:
+    def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length, fidelity,
+                 stop_when) -> None:  # fmt: skip
         self.target, self.drafter, self.verifier = target, drafter, verifier
         self.sampling, self.settings, self.generator, self.device = sampling, settings, generator, device
         self.shadow, self.shadow_generator = shadows
@@ -124,6 +129,7 @@ class _Run:
         self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
         self.features: torch.Tensor | None = None  # the drafter's target features for the last forward
         self.fidelity: bool = fidelity
+        self.stop_when: Callable[[list[int]], bool] | None = stop_when
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False, parents: torch.Tensor | None = None) -> torch.Tensor:
         """Target logits [n, V] for the new tokens ([1, V] if ``last_only``); ``parents``: their
@@ -140,19 +146,29 @@ class _Run:
             self.drafter.begin(prompt, self.features)
         prefill_s = clock.lap()
         tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
+        reason = self.stop_reason(tokens, stopped)
         context = torch.cat([prompt, torch.tensor(tokens)])
         steps: list[StepRecord] = []
-        while not stopped and len(tokens) < self.settings.max_new_tokens:
+        while reason is None and len(tokens) < self.settings.max_new_tokens:
             budget = self.settings.max_new_tokens - len(tokens)
             step, emitted = self.step(context, budget, clock)
             emitted, stopped = cut_at_stop(emitted, self.settings.stop_token_ids, budget)
             step.emitted = len(emitted)
             tokens += emitted
+            reason = self.stop_reason(tokens, stopped)
             context = torch.cat([context, torch.tensor(emitted)])
             step.bookkeeping_s += clock.lap()
             steps.append(step)
         decode_s = sum(s.draft_s + s.target_s + s.verify_s + s.bookkeeping_s for s in steps)
-        return DecodeResult(len(prompt), tokens, steps, prefill_s, decode_s, "stop_token" if stopped else "max_new_tokens")
+        return DecodeResult(len(prompt), tokens, steps, prefill_s, decode_s, reason or "max_new_tokens")
+
+    def stop_reason(self, tokens: list[int], at_stop_token: bool) -> str | None:
+        """Why decoding ends after ``tokens`` (the new tokens so far), or None while it goes on."""
+        if at_stop_token:
+            return "stop_token"
+        if self.stop_when is not None and self.stop_when(tokens):
+            return "stop_string"
+        return None
 
     def step(self, context: torch.Tensor, budget: int, clock: Clock) -> tuple[StepRecord, list[int]]:
         """One step: returns its record (times filled but bookkeeping) and the tokens it emits."""

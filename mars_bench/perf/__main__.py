@@ -36,11 +36,11 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="a conf/model option with a draft_model")
     parser.add_argument("--target", default=None, help="override the option's target (Hub id or folder)")
     parser.add_argument("--draft-model", default=None, help="override the option's draft model")
-    parser.add_argument("--tasks", nargs="+", default=["humaneval", "gsm8k"])
-    parser.add_argument("--num-prompts", type=int, default=10, help="the first N prompts of each task")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--tasks", nargs="+", default=list(PerfSettings.tasks))
+    parser.add_argument("--num-prompts", type=int, default=PerfSettings.num_prompts, help="the first N prompts of each task")
+    parser.add_argument("--max-new-tokens", type=int, default=PerfSettings.max_new_tokens)
+    parser.add_argument("--repeats", type=int, default=PerfSettings.repeats)
+    parser.add_argument("--gamma", type=int, default=PerfSettings.gamma)
     parser.add_argument("--dtype", default=None, help="default: the model option's dtype")
     parser.add_argument("--draft-length", nargs="+", default=None,
                         help="our draft-length policies: fixed (default), schedule, confidence (each is one configuration)")
@@ -50,7 +50,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
                         help="configurations one by one instead, e.g. fixed confidence:32768 confidence:32768:int4 "
                              "(K: the draft vocabulary, none for all; WEIGHTS: int8 or int4, the drafter's quantized weights)")
     parser.add_argument("--token-counts", default=None, help="a count file (.npy/.json) ranking the draft vocabulary")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="0 (greedy), 1 (sampling), or both")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=list(PerfSettings.temperatures),
+                        help="0 (greedy), 1 (sampling), or both")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="perf_out")
     args = parser.parse_args(argv)

@@ -22,20 +22,20 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
-from mars_bench.config import DrafterConfig, TaskConfig
+from mars_bench.config import TaskConfig
 from mars_bench.decoding import decode
-from mars_bench.decoding.draft_length import confidence_stop, draft_length_policy
+from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
-from mars_bench.drafting import drafter_for
-from mars_bench.drafting.draft_vocab import DraftVocabSettings, check_count_file
-from mars_bench.drafting.draft_weights import check_draft_weights
+from mars_bench.drafting.draft_vocab import check_count_file
+from mars_bench.method import MethodSpec
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
 from mars_bench.tasks.providers import load_questions
+from mars_bench.verification.sampling import SamplingParams
 
 CONF_TASKS = CONF_DIR / "task"
 OURS, PEER = "ours", "transformers"
@@ -71,12 +71,12 @@ class PerfSettings:
     num_prompts: int = 10
     max_new_tokens: int = 128
     repeats: int = 3
-    gamma: int = 5
+    gamma: int = DEFAULT_LENGTH.gamma
     draft_lengths: tuple[str, ...] = ("fixed",)
     draft_vocabs: tuple[int | None, ...] = (None,)
     configurations: tuple[DraftConfig, ...] = ()  # given one by one, instead of every length with every vocabulary
     temperatures: tuple[float, ...] = (0.0, 1.0)
-    max_gamma: int = 16  # the schedule policy's longest draft
+    max_gamma: int = DEFAULT_LENGTH.max_gamma  # the schedule policy's longest draft
     token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
     data_dir: str | None = None
 
@@ -86,14 +86,24 @@ class PerfSettings:
             if value < 1:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
         for config in self.configs():
-            draft_length_policy(config.length, self.gamma, self.max_gamma)
-            DraftVocabSettings(draft_vocab=config.vocab, token_counts=self.token_counts if config.vocab else None)
-            check_draft_weights(config.weights)
+            self.spec(config, 0.0)
         if self.token_counts is not None:
             check_count_file(self.token_counts)  # before any model loads
         for temperature in self.temperatures:
             if temperature not in (0.0, 1.0):
                 raise ValueError(f"--temperatures {temperature:g} is invalid: allowed are 0 (greedy) and 1 (sampling)")
+
+    def spec(self, config: DraftConfig | None, temperature: float) -> MethodSpec:
+        """Our method for ``config`` (None: the AR baseline) at ``temperature``: the model drafter in that
+        configuration, verified by the strict rule (``Method.verifier``), checked."""
+        sampling = SamplingParams(temperature)
+        if config is None:
+            return MethodSpec(sampling=sampling)
+        drafter = {"draft_vocab": config.vocab, "token_counts": self.token_counts if config.vocab else None,
+                   "weights": config.weights}  # fmt: skip
+        length = DraftLengthSettings(config.length, self.gamma, self.max_gamma)
+        verifier = Method(OURS, temperature, config).verifier
+        return MethodSpec.create("model", verifier, drafter_settings=drafter, length=length, sampling=sampling)
 
     def configs(self) -> list[DraftConfig]:
         """``configurations`` if given, else each draft length with each draft vocabulary."""
@@ -175,22 +185,18 @@ class Suite:
         self.meter = ContentionMeter()  # what other processes used while each decode was timed
 
     def build_drafter(self, config: DraftConfig) -> Any:
-        counts = self.settings.token_counts if config.vocab else None
-        return drafter_for("model", self.target.model, self.draft.model,
-                           min_confidence=confidence_stop(config.length, DrafterConfig.min_confidence),
-                           tokenizer=self.target.tokenizer, draft_vocab=config.vocab, token_counts=counts,
-                           weights=config.weights)  # fmt: skip
+        spec = self.settings.spec(config, 0.0)  # a drafter does not depend on the temperature
+        return spec.build_drafter(self.target.model, self.draft.model, tokenizer=self.target.tokenizer)
 
     def run(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         return self.ours(method, prompt, seed, budget) if method.side == OURS else self.peer(method, prompt, seed, budget)
 
     def ours(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
-        s, drafter = self.settings, self.drafters.get(method.config)
-        length = draft_length_policy(method.config.length if method.config else "fixed", s.gamma, s.max_gamma)
+        spec, drafter = self.settings.spec(method.config, method.temperature), self.drafters.get(method.config)
         drafter_model = drafter.model if drafter is not None else self.draft.model
         result, timing = self.timed((self.target.model, drafter_model), lambda: decode(
-            self.target.model, drafter, method.verifier, prompt, max_new_tokens=budget, gamma=s.gamma,
-            temperature=method.temperature, stop_token_ids=self.stops, seed=seed, draft_length=length,
+            self.target.model, drafter, spec.build_verifier(), prompt, max_new_tokens=budget, stop_token_ids=self.stops,
+            seed=seed, **spec.decode_kwargs(),
         ))  # fmt: skip
         return {"tokens": result.tokens, **timing, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
                 "steps": result.verify_steps, "emitted": result.new_tokens - 1, "drafted": result.drafted,
