@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import binomtest, chisquare
 
 from mars_bench.verification import Reason, VerifyInput, get_verifier
@@ -123,3 +129,99 @@ def test_the_trigger_is_reported_and_fires_nowhere_in_greedy_mode():
     greedy = VerifyInput(torch.tensor([1]), torch.tensor([-1]), torch.tensor(rows))
     decisions = get_verifier("mars_ref").verify(greedy).decisions
     assert decisions.triggered.tolist() == [False] and decisions.triggered_count == 0
+
+
+def official_acceptance(processed_row: torch.Tensor, draft: int, q: float, theta: float) -> float:
+    """The official code's probability of keeping one draft at one row (reference/mars.md 1.3b),
+    written out here: the top-2 set is ``torch.topk`` of the processed 1-D row, the trigger the
+    raw ratio of its two values in Python floats; a triggered row keeps a draft in that set,
+    any other row keeps it with probability min(1, p / max(q, 1e-10))."""
+    values, indices = torch.topk(processed_row, k=min(2, processed_row.shape[0]))
+    triggered = values.shape[0] >= 2 and values[1].item() / (values[0].item() + 1e-10) > theta
+    if triggered:
+        return float(draft in indices.tolist())
+    p = torch.softmax(processed_row.double(), dim=0)[draft].item()
+    return min(1.0, p / max(q, 1e-10))
+
+
+def check_against_the_official_rule(logits: list[float], sampling: SamplingParams, draft: int) -> float:
+    """Verdicts and the emission of one draft (q = 1) agree with ``official_acceptance``; returns it."""
+    verifier = get_verifier("mars_ref", theta=0.9)
+    rows = torch.tensor([logits, [0.0] * len(logits)])
+    step = VerifyInput(torch.tensor([draft]), torch.tensor([-1]), rows, sampling, draft_probs=torch.tensor([1.0]))
+    expected = official_acceptance(verifier.process(rows, sampling)[0], draft, 1.0, 0.9)
+    assert expected in (0.0, 1.0)  # triggered: deterministic
+    verdicts = [verifier.verify(step, generator=torch.Generator().manual_seed(seed)) for seed in range(20)]
+    assert all(v.accepted_len == expected and v.decisions.triggered.tolist() == [True] for v in verdicts)
+    assert float(verifier.emission(step).accept[0]) == expected
+    return expected
+
+
+def test_tied_top_logits_give_the_top_two_set_of_torch_topk_as_in_the_official_code():
+    logits = [4.0, 4.0, 4.0, 0.0]  # T = 1, theta 0.9, q = 1: r = 1 triggers
+    official = torch.topk(torch.tensor(logits), 2).indices.tolist()
+    assert set(official) != {0, 1}  # the first-index rule's set: this case tells the two apart
+    kept = {draft for draft in range(4) if check_against_the_official_rule(logits, SAMPLE, draft)}
+    assert kept == set(official)
+    # Reasons: topk's first index counts as EXACT, the other top-2 token as RELAXED.
+    for draft, reason in zip(official, (Reason.EXACT, Reason.RELAXED)):
+        assert run(chain([logits, [0.0] * 4], [draft], [1.0]), draws=1)[0].decisions.reasons.tolist() == [reason]
+    # A chain with the drafter's full q: P_V keeps q on the official set and draws p for the rest.
+    q = torch.tensor([0.4, 0.1, 0.2, 0.3])
+    step = VerifyInput(torch.tensor([0]), torch.tensor([-1]), torch.tensor([logits, [0.0] * 4]), SAMPLE,
+                       draft_probs=q[[0]], draft_dists=q[None])  # fmt: skip
+    emission = get_verifier("mars_ref", theta=0.9).emission(step)
+    in_set = torch.zeros(4).index_fill_(0, torch.tensor(official), 1.0)
+    p = torch.softmax(torch.tensor(logits), dim=0)
+    assert torch.allclose(emission.accept, (q * in_set).sum()[None])
+    assert torch.allclose(emission.dist[0], q * in_set + p * (q * (1 - in_set)).sum(), atol=1e-6)
+
+
+def test_a_runner_up_filtered_to_minus_inf_is_taken_as_torch_topk_takes_it():
+    logits = [-14.9539, -13.2159, -7.6233, -14.3229, -9.6276, -5.1182, -14.1687, -12.4925]
+    sampling = SamplingParams(temperature=1.0, top_p=0.5, top_k=3)
+    processed = get_verifier("mars_ref").process(torch.tensor([logits]), sampling)[0]
+    assert torch.isfinite(processed).nonzero().flatten().tolist() == [5]  # only token 5 survives
+    official = torch.topk(processed, 2).indices.tolist()  # z1 < 0, z2 = -inf: z2 / z1 = +inf triggers
+    assert official[0] == 5 and official[1] != 0  # the first-index rule's runner-up would be token 0
+    kept = {draft for draft in range(8) if check_against_the_official_rule(logits, sampling, draft)}
+    assert kept == set(official)
+
+
+TIED_LOGIT = st.one_of(st.integers(-3, 3).map(float), st.just(-math.inf))
+
+
+@st.composite
+def tied_steps(draw) -> VerifyInput:
+    """A chain over rows of few distinct logits (ties everywhere, -inf entries, each row with a
+    finite one) under top-p and top-k filters: one drafted token per position."""
+    vocab, drafted = draw(st.integers(2, 7)), draw(st.integers(0, 3))
+    rows = [[draw(TIED_LOGIT) for _ in range(vocab)] for _ in range(drafted + 1)]
+    for row in rows:
+        row[draw(st.integers(0, vocab - 1))] = float(draw(st.integers(-3, 3)))
+    sampling = SamplingParams(
+        temperature=1.0, top_p=draw(st.sampled_from([1.0, 0.9, 0.5, 0.2])), top_k=draw(st.sampled_from([0, 1, 2, 3]))
+    )
+    drafts = torch.tensor([draw(st.integers(0, vocab - 1)) for _ in range(drafted)], dtype=torch.long)
+    return VerifyInput(drafts, torch.arange(-1, drafted - 1), torch.tensor(rows), sampling)
+
+
+@settings(max_examples=300, deadline=None)
+@given(step=tied_steps(), shift=st.sampled_from([0.0, -10.0]))
+def test_the_top_two_set_is_torch_topk_of_each_processed_row(step, shift):
+    # shift -10 makes every finite logit negative, so every row triggers and the verdicts show the set.
+    step = replace(step, target_logits=step.target_logits + shift)
+    verifier = get_verifier("mars_ref", theta=0.9)
+    _, prep = verifier.prepare(step)
+    processed = verifier.process(step.target_logits, step.sampling)
+    for row, logits in enumerate(processed):
+        values, indices = torch.topk(logits, 2)
+        assert [int(prep.rows.t1[row]), int(prep.rows.t2[row])] == indices.tolist()
+        assert [float(prep.rows.z1[row]), float(prep.rows.z2[row])] == values.tolist()
+    verdict = verifier.verify(step, generator=torch.Generator().manual_seed(0))
+    emission = verifier.emission(step)
+    for node, draft in enumerate(step.draft_tokens.tolist()):
+        expected = official_acceptance(processed[node], draft, 1.0, 0.9)
+        assert float(emission.accept[node]) == pytest.approx(expected, abs=1e-6)
+        if expected in (0.0, 1.0) and node <= verdict.accepted_len:  # a deterministic verdict at a reached node
+            assert (node < verdict.accepted_len) == bool(expected)

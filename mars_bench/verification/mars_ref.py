@@ -22,19 +22,33 @@ drafters) apply top-k, then top-p, transformers' order, which can keep fewer tok
 (``sampling.process_logits``). This verifier follows the official order, for its trigger,
 its p and its emitted tokens alike.
 
+Top-2 set: the official code takes it with ``torch.topk(row, 2)`` on the processed 1-D row, and
+so does this verifier when sampling (``official_top_two``): for its trigger, the top-2 test of
+every drafted node (chains and trees), its emission distribution (``emission``) and its reason
+codes alike. Every other verifier, and this one in greedy mode (where the official code matches
+``torch.argmax``), takes the project's top token, the first index of the row maximum
+(``kernels.top_two``). The two sets differ only where logits tie: among equal logits and among
+-inf entries (a runner-up filtered out by top-p or top-k) topk picks the indices in its own
+order (on the CPU, [4, 4, 4, 0] gives {1, 2}, not {0, 1}). The logits the decisions record
+(``top1_logit``, ``top2_logit``, hence ``margin``) are the row's two largest values, which both
+definitions share, so they read as every other verifier's; only which tokens carry them differs.
+A triggered acceptance is EXACT where the draft is topk's first index and RELAXED otherwise, so
+under a tie at the top an accepted draft with the top logit may count as RELAXED. With a
+vocabulary of one, t2 = t1 and z2 = -inf, as ``kernels.top_two``.
+
 It exists so that the margin effect and the change of q can be measured apart. Not lossless.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_theta, register_verifier
 from mars_bench.verification.emission import TINY, Emission, normalised, sequential
-from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, sibling_normalisers
+from mars_bench.verification.kernels import Prepared, RowDraws, TopTwo, at_nodes, finish, sibling_normalisers, top_two
 from mars_bench.verification.sampling import SamplingParams, process_logits
 from mars_bench.verification.strict import TreeVerifier, top2_mask
 
@@ -55,6 +69,16 @@ def reference_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None) -
     if theta is None:
         return torch.zeros_like(z1, dtype=torch.bool)
     return (z2.double() / (z1.double() + 1e-10)) > theta
+
+
+def official_top_two(processed: torch.Tensor) -> TopTwo:
+    """Top-2 of processed logits [R, V] as the official code takes it: ``torch.topk(row, 2)``,
+    values and indices, in topk's own order among tied and -inf entries (row by row, as the
+    official code's call on one 1-D row). V == 1: ``kernels.top_two`` (t2 = t1, z2 = -inf)."""
+    if processed.shape[-1] < 2:
+        return top_two(processed)
+    values, indices = processed.topk(2, dim=-1)
+    return TopTwo(values[:, 0], indices[:, 0], values[:, 1], indices[:, 1])
 
 
 @dataclass(frozen=True)
@@ -79,6 +103,15 @@ class MarsReferenceVerifier(TreeVerifier):
     def process(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
         """Processed float32 logits [..., V]: top-p, then top-k, as the official code."""
         return process_logits(logits, sampling, order="top_p_first")
+
+    def prepare(self, step: VerifyInput) -> tuple[VerifyInput, Prepared]:
+        """The common start, with the official top-2 (``official_top_two``) for every row and node
+        when sampling; greedy keeps the project's argmax, which the official greedy branch matches."""
+        step, prep = super().prepare(step)
+        if step.sampling.greedy:
+            return step, prep
+        rows = official_top_two(prep.processed)
+        return step, replace(prep, rows=rows, nodes=rows.at(prep.layout.parent_rows))
 
     def official_nodes(self, step: VerifyInput, prep: Prepared) -> OfficialNodes:
         """The official code's per-node quantities of deterministic drafts (and of a chain's drafted tokens)."""
