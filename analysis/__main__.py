@@ -4,8 +4,8 @@ folders and write the tables, figures and an index.md that links them."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars_bench.bench.summary import disturbed_note, disturbed_rows
+from mars_bench.files import atomic_replace
 
 from . import acceptance, fidelity, figures
 from .cells import NotEnoughData, method_summary
@@ -87,12 +88,9 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     for column in [name for name in table.columns if pd.api.types.is_object_dtype(table[name])]:
         if table[column].map(lambda value: isinstance(value, dict)).any():
             table[column] = table[column].map(lambda value: json.dumps(value) if isinstance(value, dict) else None)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        table.to_parquet(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    table.to_parquet(buffer)
+    atomic_replace(path, buffer.getvalue())
 
 
 def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -> Report:

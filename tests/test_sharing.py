@@ -13,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from mars_bench.bench.baseline_cache import BaselineCache, cache_entries
 from mars_bench.bench.cell import CELL_CLAIM
-from mars_bench.bench.claims import Claim, atomic_create
+from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import Record, RecordWriter, read_rows
+from mars_bench.files import atomic_create, atomic_replace
 
 KEYS = [f"{index:064x}" for index in range(8)]
 
@@ -25,6 +28,21 @@ def test_a_file_is_created_once_and_whole(tmp_path):
     path = tmp_path / "entry.json"
     assert atomic_create(path, b"first") and not atomic_create(path, b"second")
     assert path.read_bytes() == b"first" and [p.name for p in tmp_path.iterdir()] == ["entry.json"]  # no temporary left
+
+
+def test_a_file_is_replaced_whole_and_a_failed_write_leaves_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    atomic_replace(path, b"old")
+    atomic_replace(path, b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_replace(path, b"newer")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary left
 
 
 def dead_pid() -> int:

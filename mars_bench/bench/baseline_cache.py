@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mars_bench.bench.claims import Claim, atomic_create
+from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import read_rows
+from mars_bench.files import atomic_create
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
 ENTRY_SUFFIX = ".json"
