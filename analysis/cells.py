@@ -8,11 +8,15 @@ from the one summariser of records, ``mars_bench.bench.summary``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from mars_bench.bench.records import BASELINE
 from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
+from mars_bench.settings import parse_setting
 
+MISSING = object()  # a key one setting of a name has and another lacks
 SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting"]
 
 
@@ -20,24 +24,22 @@ class NotEnoughData(ValueError):
     """A table or figure cannot be made from these records; the message says what is missing."""
 
 
-def parse_setting(setting: object) -> dict[str, str]:
-    """``"theta=0.9,guard=never"`` -> {"theta": "0.9", "guard": "never"}; empty for none."""
-    if not isinstance(setting, str) or not setting:
-        return {}
-    return dict(item.split("=", 1) for item in setting.split(",") if "=" in item)
+def recorded_setting(setting: object) -> dict[str, Any]:
+    """A recorded ``verifier_setting`` (``theta=0.9,guard=never``) as values; empty for none (or a row
+    that carries none)."""
+    return parse_setting(setting) if isinstance(setting, str) else {}
 
 
-def varying_labels(names: pd.Series, settings: pd.Series) -> pd.Series:
+def varying_labels(names: pd.Series, settings: list[dict[str, Any]]) -> pd.Series:
     """``name (key=value, ...)`` with the keys whose values differ between the settings of the same
     name (a threshold sweep: ``mars (theta=0.84)``); a name run with one setting keeps its bare name."""
-    parsed = [parse_setting(s) for s in settings]
     varying: dict[str, set[str]] = {}
     for name in set(names):
-        mine = [p for n, p in zip(names, parsed) if n == name]
+        mine = [p for n, p in zip(names, settings) if n == name]
         keys = {k for p in mine for k in p}
-        varying[name] = {k for k in keys if len({p.get(k) for p in mine}) > 1}
+        varying[name] = {k for k in keys if len({p.get(k, MISSING) for p in mine}) > 1}
     labels = []
-    for name, setting in zip(names, parsed):
+    for name, setting in zip(names, settings):
         shown = [f"{k}={v}" for k, v in setting.items() if k in varying[name]]
         labels.append(f"{name} ({', '.join(shown)})" if shown else name)
     return pd.Series(labels, index=names.index, dtype=object)
@@ -50,7 +52,7 @@ def method_rows(frame: pd.DataFrame) -> pd.DataFrame:
     rows = ok[ok["method"] != BASELINE].copy()
     if rows.empty:
         raise NotEnoughData("no finished method rows (only baselines or failures)")
-    labels = varying_labels(rows["verifier"], rows["verifier_setting"])
+    labels = varying_labels(rows["verifier"], [recorded_setting(s) for s in rows["verifier_setting"]])
     rows["label"] = [label if length == "fixed" else f"{label}, {length} length"
                      for label, length in zip(labels, rows["draft_length"])]  # fmt: skip
     return rows
