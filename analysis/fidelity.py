@@ -20,10 +20,10 @@ import pandas as pd
 from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import bootstrap_mean_ci
 from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
+from mars_bench.strict_rule import strict_verifier
 
 from .acceptance import shadow_labels
 from .cells import SETTING, NotEnoughData, method_rows
-from .quality import strict_name
 
 NO_FIDELITY = "no method row carries fidelity (run with fidelity=true)"
 KL_ZERO = 1e-8  # nats per position: a lossless rule's KL comes out at float32 rounding level (~3e-10), not 0
@@ -97,7 +97,7 @@ def fidelity_table(frame: pd.DataFrame) -> pd.DataFrame:
         records = list(group["fidelity"])
         rules = list(dict.fromkeys(rule for fidelity in records for rule in fidelity))  # as recorded
         live = {live_rule(fidelity) for fidelity in records}
-        strict = strict_name(setting["temperature"])
+        strict = strict_verifier(setting["temperature"])
         scores = score_columns(group["score"] if "score" in group else pd.Series(dtype=float))
         for rule in sorted(rules, key=lambda rule: rule not in live):  # the live rule first
             mine = [fidelity[rule] for fidelity in records if rule in fidelity]

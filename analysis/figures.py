@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mars_bench.strict_rule import strict_verifier  # noqa: E402
+
 from .cells import NotEnoughData  # noqa: E402
 
 DPI = 130
@@ -51,11 +53,11 @@ def _error_bars(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarra
 
 def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
     """Speedup, tau, score and trigger rate against theta (shared x axis), one line per task;
-    the strict verifier (rejection) of each task as a dashed line of the same colour."""
+    the strict verifier of each task (``strict_verifier`` of its temperature) as a dashed line of the same colour."""
     mars = summary[(summary["verifier"] == "mars") & summary["theta"].notna()]
     if mars["theta"].nunique() < 2:
         raise NotEnoughData("the threshold ablation needs mars cells at two or more theta values")
-    strict = summary[summary["verifier"].isin(["rejection", "exact"])]
+    strict = summary[summary["verifier"] == summary["temperature"].map(strict_verifier)]
     panels = [
         ("speedup", "speedup over AR baseline (x)", True),
         ("tau", "tau (tokens per target forward)", False),

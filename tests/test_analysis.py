@@ -317,3 +317,11 @@ def test_old_and_new_records_of_one_setting_pool_when_the_manifest_describes_the
     write_run(tmp_path / "new", new)
     summary = method_summary(gather([tmp_path]))
     assert len(summary) == 1 and summary.iloc[0]["prompts"] == 2 and summary.iloc[0]["label"] == "mars"
+
+
+def test_the_strict_rule_has_one_home_that_names_registered_verifiers():
+    from mars_bench.strict_rule import strict_verifier
+    from mars_bench.verification import available_verifiers
+
+    assert (strict_verifier(0.0), strict_verifier(0.7)) == ("exact", "rejection")
+    assert {"exact", "rejection"} <= set(available_verifiers())
