@@ -23,7 +23,7 @@ from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summa
 from mars_bench.strict_rule import strict_verifier
 
 from .acceptance import shadow_labels
-from .cells import SETTING, NotEnoughData, method_rows
+from .cells import BASELINE_IDENTITY, SETTING, NotEnoughData, method_rows
 
 NO_FIDELITY = "no method row carries fidelity (run with fidelity=true)"
 KL_ZERO = 1e-8  # nats per position: a lossless rule's KL comes out at float32 rounding level (~3e-10), not 0
@@ -175,8 +175,9 @@ def decomposition_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (live verifier and setting, per task), in the sweep's cell order, then one
     pooled ``task = all`` row per setting where the sweep has several tasks (in the order of each
     setting's first cell). Each method row is paired with the baseline row of its own run folder,
-    task and prompt; speedups use the rows that have one (NaN where none has), everything else every
-    row. A setting run without fidelity keeps its speed and score, its KL and deviation rate NaN.
+    baseline identity (cells.BASELINE_IDENTITY) and prompt; speedups use the rows that have one (NaN
+    where none has), everything else every row. A setting run without fidelity keeps its speed and
+    score, its KL and deviation rate NaN.
 
     Columns: ``cell`` (its name; empty on pooled rows), the setting, ``live`` (its label), then
     prompts, tokens, tau, expected_tau, acceptance_rate, expected_acceptance, speedup [CI],
@@ -186,7 +187,7 @@ def decomposition_table(frame: pd.DataFrame) -> pd.DataFrame:
     if "fidelity" not in methods or not methods["fidelity"].map(has_fidelity).any():
         raise NotEnoughData(NO_FIDELITY)
     ok = finished(frame)
-    on = ["run_dir", "task", *PROMPT]
+    on = ["run_dir", *BASELINE_IDENTITY, *PROMPT]
     baselines = ok[ok["method"] == BASELINE].drop_duplicates(on)
     rows = pair_with_baseline(methods, baselines, on, how="left")
     rows["order"] = cell_order(rows).to_numpy()

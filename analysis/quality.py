@@ -15,19 +15,21 @@ from mars_bench.strict_rule import strict_verifier
 
 from .cells import PROMPT, NotEnoughData, baseline_rows, method_rows
 
-GROUP = ["model", "drafter", "task", "temperature"]
+GROUP = ["model", "drafter", "task", "temperature", "conditions"]
 
 
 def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, drafter, task, temperature, method) with a score."""
+    """One row per (model, drafter, task, temperature, conditions, method) with a score; a method is
+    compared with the baselines of its own baseline conditions only."""
     methods = method_rows(frame).dropna(subset=["score"])
     if methods.empty:
         raise NotEnoughData("no finished rows carry a score (is task.scorer set?)")
     base = baseline_rows(frame).dropna(subset=["score"]).assign(label="baseline")
     out = []
     for key, group in methods.groupby(GROUP, sort=True):
-        model, _drafter, task, temperature = key
-        same = (base["model"] == model) & (base["task"] == task) & (base["temperature"] == temperature)
+        model, _drafter, task, temperature, conditions = key
+        same = ((base["model"] == model) & (base["task"] == task) & (base["temperature"] == temperature)
+                & (base["conditions"] == conditions))  # fmt: skip
         candidates = pd.concat([group, base[same]]).drop_duplicates(["label", *PROMPT])
         strict = strict_verifier(temperature)
         reference = strict if (candidates["label"] == strict).any() else "baseline"

@@ -20,6 +20,7 @@ from mars_bench.analysis.figures import _drafter_title, pareto_front
 from mars_bench.analysis.gather import NoRecordsError, gather
 from mars_bench.analysis.quality import quality_table
 from mars_bench.analysis.tables import table1, to_latex, to_markdown
+from mars_bench.bench.records import read_rows
 from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, paired_permutation_p
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,3 +326,79 @@ def test_the_strict_rule_has_one_home_that_names_registered_verifiers():
 
     assert (strict_verifier(0.0), strict_verifier(0.7)) == ("exact", "rejection")
     assert {"exact", "rejection"} <= set(available_verifiers())
+
+
+def app_written_run(folder: Path, scores: dict[str, float], *overrides: str) -> None:
+    """A run folder whose rows carry exactly the keys the app writes for ``python -m mars_bench OVERRIDES``
+    (bench.cell.cell_keys over the composed config): two prompts, a baseline and a mars row each."""
+    from conftest import run_config
+
+    from mars_bench.bench.cell import cell_keys
+    from mars_bench.bench.records import Record, RecordWriter
+
+    cfg = run_config("experiment=smoke", *overrides)
+    writer = RecordWriter(folder)
+    for question in (0, 1):
+        for method, seconds in (("baseline", 2.0), ("mars", 1.0)):
+            writer.write(Record(**cell_keys(cfg, "c"), question_id=question, category="", turn=1, method=method,
+                                new_tokens=10, steps=9 if method == "baseline" else 3, decode_s=seconds,
+                                score=scores[method]))  # fmt: skip
+
+
+def test_runs_that_differ_only_in_max_new_tokens_neither_pool_nor_pair_across(tmp_path):
+    app_written_run(tmp_path / "long", {"baseline": 1.0, "mars": 1.0}, "max_new_tokens=24")
+    app_written_run(tmp_path / "short", {"baseline": 0.0, "mars": 0.0}, "max_new_tokens=12")
+    frame = gather([tmp_path])
+    summary = method_summary(frame).set_index("label")
+    assert sorted(summary.index) == ["mars, max_new_tokens=12", "mars, max_new_tokens=24"]  # two settings, not one
+    assert (summary["prompts"] == 2).all() and (summary["speedup"] == 2.0).all()
+    quality = quality_table(frame).set_index("method")  # each mars against the baseline of its own max_new_tokens
+    assert sorted(quality.index) == ["mars, max_new_tokens=12", "mars, max_new_tokens=24"]
+    assert (quality["reference"] == "baseline").all() and (quality["prompts"] == 2).all()
+    assert quality["reference_score"].to_dict() == {"mars, max_new_tokens=12": 0.0, "mars, max_new_tokens=24": 1.0}
+    assert (quality["difference"] == 0).all()
+    alone = method_summary(gather([tmp_path / "long"]))
+    assert alone["label"].tolist() == ["mars"]  # one run alone: nothing to tell apart, the bare name
+
+
+def test_old_records_take_the_conditions_they_lack_from_their_manifest(tmp_path):
+    from conftest import run_config
+    from omegaconf import OmegaConf
+
+    app_written_run(tmp_path / "new", {"baseline": 1.0, "mars": 1.0}, "max_new_tokens=24")
+    rows = [json.loads(line) for line in (tmp_path / "new" / "records.jsonl").read_text().splitlines()]
+    newer = ("attn_implementation", "device_map", "scorer", "threads")
+    old = [{key: value for key, value in row.items() if key not in newer} | {"schema_version": 6} for row in rows]
+    write_run(tmp_path / "old" / "described", old)  # the same run as schema 6 wrote it, with its manifest
+    config = OmegaConf.to_container(run_config("experiment=smoke", "max_new_tokens=24"), resolve=True)
+    (tmp_path / "old" / "described" / "manifest.json").write_text(json.dumps({"config": config}))
+    both = method_summary(gather([tmp_path / "new", tmp_path / "old"]))
+    assert both["label"].tolist() == ["mars"] and both["prompts"].tolist() == [4]  # one setting: old and new pool
+    write_run(tmp_path / "old" / "bare", old)  # no manifest: its attention and scorer are unknown
+    alone = method_summary(gather([tmp_path / "old" / "bare"]))
+    assert alone["label"].tolist() == ["mars"] and alone["speedup"].tolist() == [2.0]  # alone it pairs as before
+    labels = sorted(method_summary(gather([tmp_path]))["label"])
+    assert labels == ["mars, attn_implementation=None, scorer=None", "mars, attn_implementation=sdpa, scorer=humaneval"]
+
+
+@pytest.mark.slow
+def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(smoke_run, tmp_path):
+    from conftest import SMOKE, python_m
+
+    result, long_run = smoke_run  # max_new_tokens=12
+    assert result.returncode == 0, result.stderr
+    short_run = tmp_path / "short"
+    overrides = [item for item in SMOKE if not item.startswith("max_new_tokens=")]
+    done = python_m("mars_bench", *overrides, "max_new_tokens=8", f"output_dir={short_run}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    frame = gather([long_run, short_run]).assign(disturbed=False)  # --include-disturbed: this machine is shared
+    summary = method_summary(frame).set_index("label")
+    quality = quality_table(frame).set_index("method")
+    for run, tokens in ((long_run, 12), (short_run, 8)):
+        label = f"mars, max_new_tokens={tokens}"
+        alone = method_summary(gather([run]).assign(disturbed=False)).iloc[0]  # the run analysed by itself
+        assert summary.loc[label, "prompts"] == 2 and summary.loc[label, "tau"] == alone["tau"]
+        assert summary.loc[label, "speedup"] == alone["speedup"] and summary.loc[label, "score"] == alone["score"]
+        baselines = [row["score"] for row in read_rows(run / "records.jsonl") if row["method"] == "baseline"]
+        assert quality.loc[label, "prompts"] == 2 and quality.loc[label, "reference_score"] == pytest.approx(np.mean(baselines))
+    assert len(summary) == len(quality) == 2

@@ -105,7 +105,8 @@ def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing
         for index, key in enumerate(KEYS):
             record = Record(cell="c", model="m", target="t", draft_model=None, drafter="d", gamma=1, verifier="v",
                             theta=None, guard=None, verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
-                            seed=0, max_new_tokens=1, dtype="float32", question_id=index, category="", turn=1,
+                            seed=0, max_new_tokens=1, dtype="float32", attn_implementation="sdpa", device_map=None,
+                            scorer=None, threads=None, question_id=index, category="", turn=1,
                             method="baseline", output_text=key * 50)  # fmt: skip
             if not writer.has(record.key):
                 writer.write(record)
@@ -161,3 +162,24 @@ def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_
     assert done.returncode == 0, done.stderr
     assert f"{tmp_path} is being written by" in done.stderr and "waiting" in done.stderr
     assert len(list(read_rows(tmp_path / "records.jsonl"))) == 4 and not (tmp_path / CELL_CLAIM).exists()
+
+
+def test_the_baseline_key_hashes_the_conditions_every_record_carries_and_is_the_one_earlier_versions_wrote():
+    from types import SimpleNamespace as Namespace
+
+    from conftest import run_config
+
+    from mars_bench.bench.baseline_cache import baseline_conditions, baseline_key
+    from mars_bench.bench.cell import cell_keys
+    from mars_bench.bench.records import BASELINE_CONDITIONS
+
+    cfg = run_config("experiment=smoke", "max_new_tokens=24")
+    assert tuple(baseline_conditions(cfg)) == BASELINE_CONDITIONS
+    assert {name: cell_keys(cfg, "c")[name] for name in BASELINE_CONDITIONS} == baseline_conditions(cfg)  # the records' own
+    model = Namespace(target="HuggingFaceTB/SmolLM2-135M-Instruct", dtype="bfloat16", attn_implementation="sdpa", device_map=None)
+    old = Namespace(model=model, task=Namespace(name="humaneval", scorer="humaneval"), temperature=1.0, top_p=1.0, top_k=0,
+                    max_new_tokens=24, seed=0, threads=None)  # fmt: skip
+    # the key of this baseline as the version before BASELINE_CONDITIONS hashed it: shared caches keep matching
+    key = baseline_key(old, "HumanEval/0", [1, 2, 3], 1000003)
+    assert key == "8ddc192b3a5b0edac75a44e2d9513d7d2945ec9b0e0d330bc1f1a7bf64d032cc"
+    assert baseline_key(Namespace(**{**vars(old), "max_new_tokens": 25}), "HumanEval/0", [1, 2, 3], 1000003) != key
