@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import baseline_conditions
 from mars_bench.bench.records import BASELINE_CONDITIONS, MANIFEST_FILE, RECORDS_FILE, read_rows
-from mars_bench.settings import setting_string
+from mars_bench.settings import parse_setting, setting_string
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
@@ -50,7 +50,7 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
-    return name_conditions(name_drafter_settings(upgrade_old_records(frame)))
+    return name_conditions(name_drafter_settings(theta_from_settings(upgrade_old_records(frame))))
 
 
 def manifest(records: Path) -> dict:
@@ -111,6 +111,18 @@ def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
     described = described.where(described.notna(), pd.Series(fallback, index=frame.index))
     frame.loc[old, "verifier_setting"] = described[old]
     return frame
+
+
+def theta_from_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """``theta``: the verifier's threshold where its setting has one (``theta=0.9,...``; None elsewhere), for
+    the figures drawn against it. Records carry it in ``verifier_setting`` only from schema 7 on; older
+    writers put a ``theta`` and a ``guard`` beside it for every verifier: their theta is kept, the guard
+    (read by ``upgrade_old_records`` alone) dropped."""
+    settings = frame["verifier_setting"] if "verifier_setting" in frame else pd.Series(None, index=frame.index, dtype=object)
+    derived = pd.Series([parse_setting(setting).get("theta") if isinstance(setting, str) else None for setting in settings],
+                        index=frame.index, dtype=object)  # fmt: skip
+    frame["theta"] = frame["theta"].astype(object).where(frame["theta"].notna(), derived)  # None: no threshold
+    return frame.drop(columns="guard")
 
 
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:

@@ -402,3 +402,17 @@ def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(smoke_run, 
         baselines = [row["score"] for row in read_rows(run / "records.jsonl") if row["method"] == "baseline"]
         assert quality.loc[label, "prompts"] == 2 and quality.loc[label, "reference_score"] == pytest.approx(np.mean(baselines))
     assert len(summary) == len(quality) == 2
+
+
+def test_theta_comes_from_the_verifier_setting_and_old_records_keep_their_own(tmp_path):
+    for theta in (0.84, 0.9):
+        app_written_run(tmp_path / "new" / str(theta), {"baseline": 1.0, "mars": 1.0}, f"verifier.theta={theta}")
+    written = json.loads((tmp_path / "new" / "0.84" / "records.jsonl").read_text().splitlines()[0])
+    assert "theta" not in written and "guard" not in written and written["verifier_setting"].startswith("theta=0.84,")
+    summary = method_summary(gather([tmp_path / "new"])).set_index("label")
+    assert summary["theta"].to_dict() == {"mars (theta=0.84)": 0.84, "mars (theta=0.9)": 0.9}
+    old = [record(0, m, 10, 2.0 if m == "baseline" else 1.0, 3, theta=0.88, guard="never") for m in ("baseline", "mars")]
+    write_run(tmp_path / "old", old)  # schema 1: theta and guard beside the verifier, no verifier_setting
+    frame = gather([tmp_path / "old"])
+    assert frame["theta"].tolist() == [0.88, 0.88] and "guard" not in frame
+    assert method_summary(frame)["verifier_setting"].tolist() == ["theta=0.88,guard=never"]

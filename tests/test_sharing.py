@@ -104,7 +104,7 @@ def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing
         writer = RecordWriter(Path(records_dir))
         for index, key in enumerate(KEYS):
             record = Record(cell="c", model="m", target="t", draft_model=None, drafter="d", gamma=1, verifier="v",
-                            theta=None, guard=None, verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
+                            verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
                             seed=0, max_new_tokens=1, dtype="float32", attn_implementation="sdpa", device_map=None,
                             scorer=None, threads=None, question_id=index, category="", turn=1,
                             method="baseline", output_text=key * 50)  # fmt: skip
@@ -148,6 +148,9 @@ def test_a_baseline_whose_decoder_died_is_decoded_by_the_next_job(tmp_path):
 def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
     (tmp_path / "baselines.jsonl").write_text(json.dumps({"key": KEYS[1], "row": {"b": 2}}) + "\n")
     assert BaselineCache(tmp_path).get(KEYS[1]) == {"b": 2}
+    schema_6 = {"b": 3, "theta": 0.9, "guard": "never"}  # fields that records no longer have
+    (tmp_path / f"{KEYS[2]}.json").write_text(json.dumps({"key": KEYS[2], "row": schema_6}))
+    assert BaselineCache(tmp_path).get(KEYS[2]) == {"b": 3}
 
 
 def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path):

@@ -33,6 +33,10 @@ def test_speedup_and_tau_match_hand_computed_values():
     assert summary.loc["baseline", "tau"] == pytest.approx(1.0)
     assert summary.loc["mars", "speedup_ci_low"] <= summary.loc["mars", "speedup"] <= summary.loc["mars", "speedup_ci_high"]
     assert "| c | mars | 2 |" in format_table(summarise(ROWS))
+    assert summary["verifier_setting"].to_dict() == {"baseline": "", "mars": ""}  # rows of an older writer carry none
+    setting = "theta=0.9,guard=never,correction=residual"
+    written = summarise([{**row, "verifier_setting": setting} for row in ROWS]).set_index("method")
+    assert written.loc["mars", "verifier_setting"] == setting and "theta" not in written
 
 
 def test_the_ratios_agree_on_equal_prompts():

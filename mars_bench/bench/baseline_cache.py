@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mars_bench.bench.claims import Claim
-from mars_bench.bench.records import read_rows
+from mars_bench.bench.records import RETIRED, read_rows
 from mars_bench.files import atomic_create
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
@@ -67,10 +67,13 @@ class BaselineCache:
         return self.folder / f"{key}{ENTRY_SUFFIX}"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The kept row of ``key`` (None: none yet), less the fields that rows cached by older versions
+        carry and records no longer have (``records.RETIRED``)."""
         try:
-            return json.loads(self.entry(key).read_text(encoding="utf-8"))["row"]
+            row = json.loads(self.entry(key).read_text(encoding="utf-8"))["row"]
         except FileNotFoundError:
-            return self.legacy.get(key)
+            row = self.legacy.get(key)
+        return None if row is None else {name: value for name, value in row.items() if name not in RETIRED}
 
     def get_or_claim(self, key: str) -> dict[str, Any] | None:
         """The kept row of ``key``, waiting for it while another job decodes it; None once this job

@@ -85,8 +85,6 @@ def cell_keys(cfg: Any, name: str, verifier: Verifier | None = None) -> dict[str
         "drafter": cfg.drafter.name,
         "gamma": cfg.drafter.gamma,
         "verifier": cfg.verifier.name,
-        "theta": settings.get("theta"),
-        "guard": settings.get("guard"),
         "verifier_setting": setting_string(settings),
         **baseline_conditions(cfg),
         "draft_length": cfg.drafter.length,

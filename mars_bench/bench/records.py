@@ -23,7 +23,9 @@ SCHEMA_VERSION = 7  # 2: shadow_accepted, baseline_from, draft_length; 3: drafte
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
-# 7: attn_implementation, device_map, scorer, threads (with the others, every one of BASELINE_CONDITIONS)
+# 7: attn_implementation, device_map, scorer, threads (with the others, every one of BASELINE_CONDITIONS);
+#    no theta, guard (MARS's settings, written for every verifier: verifier_setting holds every verifier's)
+RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has now (readers: analysis/gather.py)
 
 # What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
 # that every record carries under these names. Rows that agree on them (and on question and turn) have
@@ -46,8 +48,6 @@ class Record:
     drafter: str
     gamma: int  # drafts per step (the starting value under an adaptive draft length)
     verifier: str
-    theta: float | None
-    guard: str | None
     verifier_setting: str  # the verifier's settings, e.g. "theta=0.9,guard=never,correction=residual"
     temperature: float
     top_p: float

@@ -85,8 +85,9 @@ def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[
     return methods.merge(base, on=on, suffixes=("", "_base"), how=how)
 
 
-TERMINAL = ["cell", "method", "verifier", "theta", "prompts", "disturbed", "tokens", "tok_per_s", "speedup", "speedup_ci_low",
-            "speedup_ci_high", "speedup_mean_rate", "tau", "relaxed", "trigger_rate", "agreement", "score"]  # fmt: skip
+TERMINAL = ["cell", "method", "verifier", "verifier_setting", "prompts", "disturbed", "tokens", "tok_per_s", "speedup",
+            "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "tau", "relaxed", "trigger_rate", "agreement",
+            "score"]  # fmt: skip
 
 
 def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd.DataFrame:
@@ -103,10 +104,17 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd
             summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed)
             if method == BASELINE:
                 summary |= {"agreement": 1.0, "trigger_rate": np.nan}
-            setting = {"verifier": BASELINE, "theta": None} if method == BASELINE else {
-                "verifier": group["verifier"].iloc[0], "theta": group["theta"].iloc[0]}  # fmt: skip
+            setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
+                "verifier": group["verifier"].iloc[0], "verifier_setting": recorded_setting(group)}  # fmt: skip
             out.append({"cell": cell, "method": method, **setting, **summary})
     return pd.DataFrame(out)[TERMINAL]
+
+
+def recorded_setting(rows: pd.DataFrame) -> str:
+    """The verifier's settings of a method's rows (``theta=0.9,guard=never,...``); empty where rows of
+    an older writer (a resumed run) carry none."""
+    settings = rows["verifier_setting"].dropna() if "verifier_setting" in rows else rows.iloc[:0]
+    return str(settings.iloc[0]) if len(settings) else ""
 
 
 def disturbed_rows(frame: pd.DataFrame) -> list[str]:
