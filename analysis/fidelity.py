@@ -163,6 +163,7 @@ def decomposition_row(group: pd.DataFrame) -> dict:
     live = live_sums(group)
     tokens = group["new_tokens"].sum()
     return {"prompts": summary["prompts"], "tokens": summary["tokens"], "tau": summary["tau"],
+            "tau_request_mean": summary["tau_request_mean"],
             "expected_tau": 1.0 + per(live["expected_accepted"], live["steps"]),
             "acceptance_rate": summary["acceptance_rate"], "expected_acceptance": per(live["accept"], live["positions"]),
             "speedup": summary["speedup"], "speedup_ci_low": summary["speedup_ci_low"],
@@ -180,8 +181,8 @@ def decomposition_table(frame: pd.DataFrame) -> pd.DataFrame:
     score, its KL and deviation rate NaN.
 
     Columns: ``cell`` (its name; empty on pooled rows), the setting, ``live`` (its label), then
-    prompts, tokens, tau, expected_tau, acceptance_rate, expected_acceptance, speedup [CI],
-    kl_per_token (nats), deviation_rate, score [CI].
+    prompts, tokens, tau (pooled), tau_request_mean (bench.summary.tau_request_mean), expected_tau,
+    acceptance_rate, expected_acceptance, speedup [CI], kl_per_token (nats), deviation_rate, score [CI].
     """
     methods = method_rows(frame)
     if "fidelity" not in methods or not methods["fidelity"].map(has_fidelity).any():

@@ -58,6 +58,9 @@ def test_table1_cells_equal_hand_computed_values(sweep):
     row = table.loc[("qwen", "model", 1.0, "mars")]  # one setting of mars: its bare name
     assert row[("humaneval", "speedup")] == pytest.approx((151 / 7.0) / (151 / 15.0))
     assert row[("humaneval", "tau")] == pytest.approx((99 + 50) / (24 + 10))  # the failed row is left out
+    assert row[("humaneval", "tau_request_mean")] == pytest.approx((99 / 24 + 50 / 10) / 2)  # beside it: per request
+    assert row[("Mean", "tau_request_mean")] == pytest.approx(((99 / 24 + 50 / 10) / 2 + 79 / 19) / 2)
+    assert [metric for task, metric in table.columns if task == "gsm8k"] == ["speedup", "tau", "tau_request_mean"]
     assert row[("gsm8k", "speedup")] == pytest.approx(4.0)
     assert row[("Mean", "speedup")] == pytest.approx(((151 / 7.0) / (151 / 15.0) + 4.0) / 2)
     assert "| qwen | model | 1.00 | mars |" in to_markdown(table)
