@@ -185,6 +185,36 @@ def test_the_bootstrap_cis_cover_the_true_value_at_about_95_percent():
     assert 0.90 <= ratio_hits / repeats <= 0.99
 
 
+def test_the_bootstrap_intervals_resample_prompts_with_the_seed_and_take_percentiles():
+    rng = np.random.default_rng(3)
+    tokens, seconds, base_seconds = rng.integers(50, 200, 25), rng.lognormal(0, 0.4, 25), rng.lognormal(1, 0.4, 25)
+    picks = np.random.default_rng(7).integers(0, 25, size=(2000, 25))  # prompt indices, one row per resample
+    ratios = (tokens[picks].sum(1) / seconds[picks].sum(1)) / (tokens[picks].sum(1) / base_seconds[picks].sum(1))
+    expected = np.percentile(ratios, [2.5, 97.5])
+    assert bootstrap_ratio_ci(tokens, seconds, tokens, base_seconds, seed=7) == pytest.approx(expected, rel=1e-12)
+    differences = rng.choice([-1.0, 0.0, 1.0], 25)
+    expected = np.percentile(differences[picks].mean(1), [2.5, 97.5])
+    assert bootstrap_mean_ci(differences, seed=7) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert bootstrap_mean_ci(differences, seed=7) == bootstrap_mean_ci(differences, seed=7)  # deterministic
+    assert np.isnan(bootstrap_mean_ci([1.0])).all() and np.isnan(bootstrap_ratio_ci([1], [1.0], [1], [2.0])).all()
+
+
+def test_the_paired_test_gives_the_p_values_of_scipys_permutation_test():
+    from scipy.stats import permutation_test
+
+    def scipy_p(differences, resamples):
+        return permutation_test((differences,), np.sum, permutation_type="samples", vectorized=True, n_resamples=resamples,
+                                rng=np.random.default_rng(0)).pvalue  # fmt: skip
+
+    rng = np.random.default_rng(4)
+    for size in (2, 5, 9, 12):  # every sign pattern, in both
+        differences = rng.normal(0.4, 1.0, size)
+        assert paired_permutation_p(differences) == pytest.approx(scipy_p(differences, 2**size), rel=1e-12)
+    assert paired_permutation_p([1, 1, 1, 0, -1, 1]) == pytest.approx(scipy_p(np.array([1.0, 1, 1, -1, 1]), 2**5))
+    differences = rng.normal(0.3, 1.0, 24)  # Monte Carlo in both: equal within their sampling error
+    assert paired_permutation_p(differences) == pytest.approx(scipy_p(differences, 20000), abs=0.02)
+
+
 def test_the_paired_test_holds_its_level_under_the_null():
     rng = np.random.default_rng(2)
     p_values = [paired_permutation_p(rng.normal(0, 1, size=12)) for _ in range(400)]
