@@ -76,7 +76,7 @@ def run(command: str, cwd: Path, monkeypatch, extra: list[str] = (), replace: di
         name, _, value = words.pop(0).partition("=")
         monkeypatch.setenv(name, value)
     if words[0] == "mars-bench-lm-eval":  # the console script is this function
-        from mars_bench.lm_eval_model import cli
+        from mars_bench.extras import lm_eval_cli as cli
 
         monkeypatch.chdir(cwd)
         monkeypatch.setattr(sys, "argv", [*words, *extra])
