@@ -4,8 +4,8 @@ folders and write the tables, figures and an index.md that links them."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars_bench.bench.summary import disturbed_note, disturbed_rows
+from mars_bench.files import atomic_replace
 
 from . import acceptance, fidelity, figures
 from .cells import NotEnoughData, method_summary
@@ -22,11 +23,13 @@ from .tables import table1, to_latex, to_markdown
 
 DESCRIPTIONS = {
     "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, speedup with its "
-    "bootstrap 95% CI, tau, acceptance rate, the verifier's own trigger rate (empty for a verifier without a trigger), "
-    "margin_over_0.9 (a counterfactual from the recorded margins, for every verifier: the share of verified positions "
-    "where the paper's rule at theta 0.9 would relax), score with its CI.",
-    "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline) and tau per target, "
-    "drafter, temperature and verifier, column groups per task, unweighted Mean.",
+    "bootstrap 95% CI, tau (pooled: emitted tokens over verification steps, all requests together) and tau_request_mean "
+    "(the mean of each request's tau), acceptance rate, the verifier's own trigger rate (empty for a verifier without a "
+    "trigger), margin_over_0.9 (a counterfactual from the recorded margins, for every verifier: the share of verified "
+    "positions where the paper's rule at theta 0.9 would relax), score with its CI.",
+    "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline), tau (pooled) and "
+    "tau_request_mean (per request, then averaged) per target, drafter, temperature and verifier, column groups per task, "
+    "unweighted Mean.",
     "threshold ablation": "speedup, tau, score and trigger rate against theta on one x axis, one line per task; dashed: "
     "the strict verifier.",
     "pareto": "score against speedup for every verifier and theta, per task, with the Pareto front.",
@@ -46,9 +49,9 @@ DESCRIPTIONS = {
     "frontier": "expected acceptance against mean KL and mean TV per position, and expected tau against KL, one line "
     "per rule family over its parameters, the strict rule a star, with the bounds 1 - TV(q, p) + TV and "
     "1 - TV(q, p) + sqrt(KL / 2).",
-    "decomposition": "per cell in sweep order (then pooled over tasks): tau, speedup with its CI, the live verifier's "
-    "sequence-level KL to the target per generated token (nats), its deviation rate (TV per generated token) and "
-    "the score with its CI: where a sweep's gain comes from, step by step.",
+    "decomposition": "per cell in sweep order (then pooled over tasks): tau (pooled, and its mean per request), speedup "
+    "with its CI, the live verifier's sequence-level KL to the target per generated token (nats), its deviation rate (TV "
+    "per generated token) and the score with its CI: where a sweep's gain comes from, step by step.",
 }
 
 
@@ -87,12 +90,9 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     for column in [name for name in table.columns if pd.api.types.is_object_dtype(table[name])]:
         if table[column].map(lambda value: isinstance(value, dict)).any():
             table[column] = table[column].map(lambda value: json.dumps(value) if isinstance(value, dict) else None)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        table.to_parquet(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    table.to_parquet(buffer)
+    atomic_replace(path, buffer.getvalue())
 
 
 def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -> Report:

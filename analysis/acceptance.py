@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from mars_bench.reasons import Reason
+from mars_bench.settings import parse_label
 
 from .cells import NotEnoughData, method_rows, varying_labels
 
@@ -67,10 +68,9 @@ def acceptance_by_margin(table: pd.DataFrame) -> pd.DataFrame:
 def shadow_labels(raw: list[str]) -> dict[str, str]:
     """Recorded shadow names (``mars(theta=0.9,guard=never,correction=residual)``) -> table labels
     that show the settings which differ between shadows of one verifier (``mars (theta=0.84)``)."""
-    parts = [name.partition("(") for name in raw]
-    names = pd.Series([verifier for verifier, _, _ in parts], dtype=object)
-    settings = pd.Series([params.rstrip(")") for _, _, params in parts], dtype=object)
-    return dict(zip(raw, varying_labels(names, settings)))
+    parsed = [parse_label(name) for name in raw]
+    names = pd.Series([verifier for verifier, _ in parsed], dtype=object)
+    return dict(zip(raw, varying_labels(names, [settings for _, settings in parsed])))
 
 
 def shadow_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,43 +1,47 @@
 """Per-setting numbers that every table and figure shares.
 
-A setting is (model, drafter, draft length, task, temperature, verifier, theta, verifier setting).
-Its method rows are paired with the baseline row of the same run folder and prompt; several runs
-of one setting (resumed sweeps, other machines) pool their prompts. The numbers themselves come
-from the one summariser of records, ``mars_bench.bench.summary``.
+A setting is (model, drafter, draft length, task, temperature, verifier, theta, verifier setting,
+conditions). Its method rows are paired with the baseline row of the same run folder, prompt and
+baseline conditions (``records.BASELINE_CONDITIONS``); several runs of one setting (resumed sweeps,
+other machines) pool their prompts. The numbers themselves come from the one summariser of records,
+``mars_bench.bench.summary``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
-from mars_bench.bench.records import BASELINE
+from mars_bench.bench.records import BASELINE, BASELINE_CONDITIONS
 from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
+from mars_bench.settings import parse_setting
 
-SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting"]
+MISSING = object()  # a key one setting of a name has and another lacks
+SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting", "conditions"]
+BASELINE_IDENTITY = ["model", *BASELINE_CONDITIONS]  # rows that agree on these and on the prompt have one baseline
 
 
 class NotEnoughData(ValueError):
     """A table or figure cannot be made from these records; the message says what is missing."""
 
 
-def parse_setting(setting: object) -> dict[str, str]:
-    """``"theta=0.9,guard=never"`` -> {"theta": "0.9", "guard": "never"}; empty for none."""
-    if not isinstance(setting, str) or not setting:
-        return {}
-    return dict(item.split("=", 1) for item in setting.split(",") if "=" in item)
+def recorded_setting(setting: object) -> dict[str, Any]:
+    """A recorded ``verifier_setting`` (``theta=0.9,guard=never``) as values; empty for none (or a row
+    that carries none)."""
+    return parse_setting(setting) if isinstance(setting, str) else {}
 
 
-def varying_labels(names: pd.Series, settings: pd.Series) -> pd.Series:
+def varying_labels(names: pd.Series, settings: list[dict[str, Any]]) -> pd.Series:
     """``name (key=value, ...)`` with the keys whose values differ between the settings of the same
     name (a threshold sweep: ``mars (theta=0.84)``); a name run with one setting keeps its bare name."""
-    parsed = [parse_setting(s) for s in settings]
     varying: dict[str, set[str]] = {}
     for name in set(names):
-        mine = [p for n, p in zip(names, parsed) if n == name]
+        mine = [p for n, p in zip(names, settings) if n == name]
         keys = {k for p in mine for k in p}
-        varying[name] = {k for k in keys if len({p.get(k) for p in mine}) > 1}
+        varying[name] = {k for k in keys if len({p.get(k, MISSING) for p in mine}) > 1}
     labels = []
-    for name, setting in zip(names, parsed):
+    for name, setting in zip(names, settings):
         shown = [f"{k}={v}" for k, v in setting.items() if k in varying[name]]
         labels.append(f"{name} ({', '.join(shown)})" if shown else name)
     return pd.Series(labels, index=names.index, dtype=object)
@@ -45,28 +49,29 @@ def varying_labels(names: pd.Series, settings: pd.Series) -> pd.Series:
 
 def method_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Finished rows of the verifiers (not the baselines), one per setting and prompt, labelled
-    with the verifier's setting where it varies and the draft-length policy where it is not fixed."""
+    with the verifier's setting where it varies, the draft-length policy where it is not fixed and
+    the baseline conditions where they vary (gather.name_conditions)."""
     ok = finished(frame)
     rows = ok[ok["method"] != BASELINE].copy()
     if rows.empty:
         raise NotEnoughData("no finished method rows (only baselines or failures)")
-    labels = varying_labels(rows["verifier"], rows["verifier_setting"])
-    rows["label"] = [label if length == "fixed" else f"{label}, {length} length"
-                     for label, length in zip(labels, rows["draft_length"])]  # fmt: skip
+    labels = varying_labels(rows["verifier"], [recorded_setting(s) for s in rows["verifier_setting"]])
+    lengths = [f"{length} length" if length != "fixed" else "" for length in rows["draft_length"]]
+    rows["label"] = [", ".join(filter(None, parts)) for parts in zip(labels, lengths, rows["conditions"])]
     return rows
 
 
 def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Finished baseline rows, one per (model, task, temperature, prompt): cells of a sweep share them."""
+    """Finished baseline rows, one per baseline identity and prompt: cells of a sweep share them."""
     ok = finished(frame)
     base = ok[ok["method"] == BASELINE]
-    return base.drop_duplicates(["model", "task", "temperature", *PROMPT])
+    return base.drop_duplicates([*BASELINE_IDENTITY, *PROMPT])
 
 
 def paired(frame: pd.DataFrame) -> pd.DataFrame:
-    """Method rows with the baseline of their own run folder and prompt (columns ``*_base``)."""
+    """Method rows with the baseline of their own run folder, baseline identity and prompt (columns ``*_base``)."""
     ok = finished(frame)
-    pairs = pair_with_baseline(method_rows(frame), ok[ok["method"] == BASELINE], ["run_dir", *PROMPT])
+    pairs = pair_with_baseline(method_rows(frame), ok[ok["method"] == BASELINE], ["run_dir", *BASELINE_IDENTITY, *PROMPT])
     if pairs.empty:
         raise NotEnoughData("no run folder has both baseline and method rows for the same prompt")
     return pairs

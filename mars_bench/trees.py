@@ -62,7 +62,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devic
     """The 4D attention mask [1, 1, q, kv] a transformers model takes for ``allowed`` [q, kv].
 
     Additive, in the model's dtype (0 = attend, dtype min = blocked): a bool 4D mask is
-    silently ignored by eager attention (see reference/transformers-5.md).
+    silently ignored by eager attention, which adds the mask to the scores (True and False
+    become +1 and +0, so nothing is blocked).
     """
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)

@@ -20,6 +20,7 @@ from mars_bench.analysis.figures import _drafter_title, pareto_front
 from mars_bench.analysis.gather import NoRecordsError, gather
 from mars_bench.analysis.quality import quality_table
 from mars_bench.analysis.tables import table1, to_latex, to_markdown
+from mars_bench.bench.records import read_rows
 from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, paired_permutation_p
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +58,9 @@ def test_table1_cells_equal_hand_computed_values(sweep):
     row = table.loc[("qwen", "model", 1.0, "mars")]  # one setting of mars: its bare name
     assert row[("humaneval", "speedup")] == pytest.approx((151 / 7.0) / (151 / 15.0))
     assert row[("humaneval", "tau")] == pytest.approx((99 + 50) / (24 + 10))  # the failed row is left out
+    assert row[("humaneval", "tau_request_mean")] == pytest.approx((99 / 24 + 50 / 10) / 2)  # beside it: per request
+    assert row[("Mean", "tau_request_mean")] == pytest.approx(((99 / 24 + 50 / 10) / 2 + 79 / 19) / 2)
+    assert [metric for task, metric in table.columns if task == "gsm8k"] == ["speedup", "tau", "tau_request_mean"]
     assert row[("gsm8k", "speedup")] == pytest.approx(4.0)
     assert row[("Mean", "speedup")] == pytest.approx(((151 / 7.0) / (151 / 15.0) + 4.0) / 2)
     assert "| qwen | model | 1.00 | mars |" in to_markdown(table)
@@ -179,6 +183,36 @@ def test_the_bootstrap_cis_cover_the_true_value_at_about_95_percent():
         ratio_hits += low <= 2.0 <= high
     assert 0.90 <= mean_hits / repeats <= 0.99
     assert 0.90 <= ratio_hits / repeats <= 0.99
+
+
+def test_the_bootstrap_intervals_resample_prompts_with_the_seed_and_take_percentiles():
+    rng = np.random.default_rng(3)
+    tokens, seconds, base_seconds = rng.integers(50, 200, 25), rng.lognormal(0, 0.4, 25), rng.lognormal(1, 0.4, 25)
+    picks = np.random.default_rng(7).integers(0, 25, size=(2000, 25))  # prompt indices, one row per resample
+    ratios = (tokens[picks].sum(1) / seconds[picks].sum(1)) / (tokens[picks].sum(1) / base_seconds[picks].sum(1))
+    expected = np.percentile(ratios, [2.5, 97.5])
+    assert bootstrap_ratio_ci(tokens, seconds, tokens, base_seconds, seed=7) == pytest.approx(expected, rel=1e-12)
+    differences = rng.choice([-1.0, 0.0, 1.0], 25)
+    expected = np.percentile(differences[picks].mean(1), [2.5, 97.5])
+    assert bootstrap_mean_ci(differences, seed=7) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert bootstrap_mean_ci(differences, seed=7) == bootstrap_mean_ci(differences, seed=7)  # deterministic
+    assert np.isnan(bootstrap_mean_ci([1.0])).all() and np.isnan(bootstrap_ratio_ci([1], [1.0], [1], [2.0])).all()
+
+
+def test_the_paired_test_gives_the_p_values_of_scipys_permutation_test():
+    from scipy.stats import permutation_test
+
+    def scipy_p(differences, resamples):
+        return permutation_test((differences,), np.sum, permutation_type="samples", vectorized=True, n_resamples=resamples,
+                                rng=np.random.default_rng(0)).pvalue  # fmt: skip
+
+    rng = np.random.default_rng(4)
+    for size in (2, 5, 9, 12):  # every sign pattern, in both
+        differences = rng.normal(0.4, 1.0, size)
+        assert paired_permutation_p(differences) == pytest.approx(scipy_p(differences, 2**size), rel=1e-12)
+    assert paired_permutation_p([1, 1, 1, 0, -1, 1]) == pytest.approx(scipy_p(np.array([1.0, 1, 1, -1, 1]), 2**5))
+    differences = rng.normal(0.3, 1.0, 24)  # Monte Carlo in both: equal within their sampling error
+    assert paired_permutation_p(differences) == pytest.approx(scipy_p(differences, 20000), abs=0.02)
 
 
 def test_the_paired_test_holds_its_level_under_the_null():
@@ -317,3 +351,101 @@ def test_old_and_new_records_of_one_setting_pool_when_the_manifest_describes_the
     write_run(tmp_path / "new", new)
     summary = method_summary(gather([tmp_path]))
     assert len(summary) == 1 and summary.iloc[0]["prompts"] == 2 and summary.iloc[0]["label"] == "mars"
+
+
+def test_the_strict_rule_has_one_home_that_names_registered_verifiers():
+    from mars_bench.strict_rule import strict_verifier
+    from mars_bench.verification import available_verifiers
+
+    assert (strict_verifier(0.0), strict_verifier(0.7)) == ("exact", "rejection")
+    assert {"exact", "rejection"} <= set(available_verifiers())
+
+
+def app_written_run(folder: Path, scores: dict[str, float], *overrides: str) -> None:
+    """A run folder whose rows carry exactly the keys the app writes for ``python -m mars_bench OVERRIDES``
+    (bench.cell.cell_keys over the composed config): two prompts, a baseline and a mars row each."""
+    from conftest import run_config
+
+    from mars_bench.bench.cell import cell_keys
+    from mars_bench.bench.records import Record, RecordWriter
+
+    cfg = run_config("experiment=smoke", *overrides)
+    writer = RecordWriter(folder)
+    for question in (0, 1):
+        for method, seconds in (("baseline", 2.0), ("mars", 1.0)):
+            writer.write(Record(**cell_keys(cfg, "c"), question_id=question, category="", turn=1, method=method,
+                                new_tokens=10, steps=9 if method == "baseline" else 3, decode_s=seconds,
+                                score=scores[method]))  # fmt: skip
+
+
+def test_runs_that_differ_only_in_max_new_tokens_neither_pool_nor_pair_across(tmp_path):
+    app_written_run(tmp_path / "long", {"baseline": 1.0, "mars": 1.0}, "max_new_tokens=24")
+    app_written_run(tmp_path / "short", {"baseline": 0.0, "mars": 0.0}, "max_new_tokens=12")
+    frame = gather([tmp_path])
+    summary = method_summary(frame).set_index("label")
+    assert sorted(summary.index) == ["mars, max_new_tokens=12", "mars, max_new_tokens=24"]  # two settings, not one
+    assert (summary["prompts"] == 2).all() and (summary["speedup"] == 2.0).all()
+    quality = quality_table(frame).set_index("method")  # each mars against the baseline of its own max_new_tokens
+    assert sorted(quality.index) == ["mars, max_new_tokens=12", "mars, max_new_tokens=24"]
+    assert (quality["reference"] == "baseline").all() and (quality["prompts"] == 2).all()
+    assert quality["reference_score"].to_dict() == {"mars, max_new_tokens=12": 0.0, "mars, max_new_tokens=24": 1.0}
+    assert (quality["difference"] == 0).all()
+    alone = method_summary(gather([tmp_path / "long"]))
+    assert alone["label"].tolist() == ["mars"]  # one run alone: nothing to tell apart, the bare name
+
+
+def test_old_records_take_the_conditions_they_lack_from_their_manifest(tmp_path):
+    from conftest import run_config
+    from omegaconf import OmegaConf
+
+    app_written_run(tmp_path / "new", {"baseline": 1.0, "mars": 1.0}, "max_new_tokens=24")
+    rows = [json.loads(line) for line in (tmp_path / "new" / "records.jsonl").read_text().splitlines()]
+    newer = ("attn_implementation", "device_map", "scorer", "threads")
+    old = [{key: value for key, value in row.items() if key not in newer} | {"schema_version": 6} for row in rows]
+    write_run(tmp_path / "old" / "described", old)  # the same run as schema 6 wrote it, with its manifest
+    config = OmegaConf.to_container(run_config("experiment=smoke", "max_new_tokens=24"), resolve=True)
+    (tmp_path / "old" / "described" / "manifest.json").write_text(json.dumps({"config": config}))
+    both = method_summary(gather([tmp_path / "new", tmp_path / "old"]))
+    assert both["label"].tolist() == ["mars"] and both["prompts"].tolist() == [4]  # one setting: old and new pool
+    write_run(tmp_path / "old" / "bare", old)  # no manifest: its attention and scorer are unknown
+    alone = method_summary(gather([tmp_path / "old" / "bare"]))
+    assert alone["label"].tolist() == ["mars"] and alone["speedup"].tolist() == [2.0]  # alone it pairs as before
+    labels = sorted(method_summary(gather([tmp_path]))["label"])
+    assert labels == ["mars, attn_implementation=None, scorer=None", "mars, attn_implementation=sdpa, scorer=humaneval"]
+
+
+@pytest.mark.slow
+def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(smoke_run, tmp_path):
+    from conftest import SMOKE, python_m
+
+    result, long_run = smoke_run  # max_new_tokens=12
+    assert result.returncode == 0, result.stderr
+    short_run = tmp_path / "short"
+    overrides = [item for item in SMOKE if not item.startswith("max_new_tokens=")]
+    done = python_m("mars_bench", *overrides, "max_new_tokens=8", f"output_dir={short_run}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    frame = gather([long_run, short_run]).assign(disturbed=False)  # --include-disturbed: this machine is shared
+    summary = method_summary(frame).set_index("label")
+    quality = quality_table(frame).set_index("method")
+    for run, tokens in ((long_run, 12), (short_run, 8)):
+        label = f"mars, max_new_tokens={tokens}"
+        alone = method_summary(gather([run]).assign(disturbed=False)).iloc[0]  # the run analysed by itself
+        assert summary.loc[label, "prompts"] == 2 and summary.loc[label, "tau"] == alone["tau"]
+        assert summary.loc[label, "speedup"] == alone["speedup"] and summary.loc[label, "score"] == alone["score"]
+        baselines = [row["score"] for row in read_rows(run / "records.jsonl") if row["method"] == "baseline"]
+        assert quality.loc[label, "prompts"] == 2 and quality.loc[label, "reference_score"] == pytest.approx(np.mean(baselines))
+    assert len(summary) == len(quality) == 2
+
+
+def test_theta_comes_from_the_verifier_setting_and_old_records_keep_their_own(tmp_path):
+    for theta in (0.84, 0.9):
+        app_written_run(tmp_path / "new" / str(theta), {"baseline": 1.0, "mars": 1.0}, f"verifier.theta={theta}")
+    written = json.loads((tmp_path / "new" / "0.84" / "records.jsonl").read_text().splitlines()[0])
+    assert "theta" not in written and "guard" not in written and written["verifier_setting"].startswith("theta=0.84,")
+    summary = method_summary(gather([tmp_path / "new"])).set_index("label")
+    assert summary["theta"].to_dict() == {"mars (theta=0.84)": 0.84, "mars (theta=0.9)": 0.9}
+    old = [record(0, m, 10, 2.0 if m == "baseline" else 1.0, 3, theta=0.88, guard="never") for m in ("baseline", "mars")]
+    write_run(tmp_path / "old", old)  # schema 1: theta and guard beside the verifier, no verifier_setting
+    frame = gather([tmp_path / "old"])
+    assert frame["theta"].tolist() == [0.88, 0.88] and "guard" not in frame
+    assert method_summary(frame)["verifier_setting"].tolist() == ["theta=0.88,guard=never"]

@@ -1,4 +1,4 @@
-"""``mars_ref`` follows the official code's sampling branch (reference/mars.md 1.3b)."""
+"""``mars_ref`` follows the official code's sampling branch (``evaluate_posterior``; see mars_ref.py)."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from mars_bench.bench.records import read_rows
 from mars_bench.config import check_run_config
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.__main__ import parse as perf_options
+from mars_bench.settings import parse_setting
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -75,7 +76,7 @@ def run(command: str, cwd: Path, monkeypatch, extra: list[str] = (), replace: di
         name, _, value = words.pop(0).partition("=")
         monkeypatch.setenv(name, value)
     if words[0] == "mars-bench-lm-eval":  # the console script is this function
-        from mars_bench.lm_eval_model import cli
+        from mars_bench.extras import lm_eval_cli as cli
 
         monkeypatch.chdir(cwd)
         monkeypatch.setattr(sys, "argv", [*words, *extra])
@@ -151,6 +152,11 @@ def test_each_single_run_command(prefix, tmp_path, monkeypatch):
     assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
 
 
+def theta_of(row: dict) -> float | None:
+    """A record's verifier threshold, as its ``verifier_setting`` holds it (None: the verifier has none)."""
+    return parse_setting(row["verifier_setting"]).get("theta")
+
+
 def test_a_threshold_sweep_then_its_analysis(tmp_path, monkeypatch):
     sweep = readme("python -m mars_bench -m verifier=mars")
     assert run(sweep, tmp_path, monkeypatch, [*app_overrides(sweep), "task.num_prompts=1"]) == 0
@@ -159,7 +165,7 @@ def test_a_threshold_sweep_then_its_analysis(tmp_path, monkeypatch):
     assert [cell.name for cell in cells] == [f"{i}_humaneval_mars_theta{theta}_t1.0" for i, theta in enumerate(thetas)]
     for cell, theta in zip(cells, thetas):
         rows = list(read_rows(cell / "records.jsonl"))
-        assert sorted(r["method"] for r in rows) == ["baseline", "mars"] and {r["theta"] for r in rows} == {theta}
+        assert sorted(r["method"] for r in rows) == ["baseline", "mars"] and {theta_of(r) for r in rows} == {theta}
     analyse = readme("python -m analysis SWEEP")
     assert run(analyse, tmp_path, monkeypatch) == 0
     made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
@@ -178,7 +184,7 @@ def test_the_papers_threshold_ablation_then_its_analysis(tmp_path, monkeypatch):
     for cell in cells:
         rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
         method = rows["rejection" if "rejection" in cell.name else "mars"]
-        theta = method["theta"] or 0.9  # shadows take the cell's verifier.theta (0.9 in the strict command)
+        theta = theta_of(method) or 0.9  # shadows take the cell's verifier.theta (0.9 in the strict command)
         assert list(method["shadow_accepted"]) == ["rejection", f"mars(theta={theta},guard=never,correction=residual)"]
         assert all(len(kept) == len(method["step_accepted"]) for kept in method["shadow_accepted"].values())
         baselines.setdefault(rows["baseline"]["task"], []).append(rows["baseline"])
@@ -220,7 +226,7 @@ def test_the_decomposition_then_its_table(tmp_path, monkeypatch):
     assert run(steps, tmp_path, monkeypatch, [*app_overrides(steps), "task.num_prompts=1"]) == 0
     cells = sorted((path.parent for path in (tmp_path / "DECOMP").rglob("records.jsonl") if path.parent.name != "baselines"),
                    key=lambda cell: int(cell.name.split("_")[0]))  # fmt: skip
-    methods = [(row["verifier"], row["theta"]) for cell in cells for row in read_rows(cell / "records.jsonl")
+    methods = [(row["verifier"], theta_of(row)) for cell in cells for row in read_rows(cell / "records.jsonl")
                if row["method"] != "baseline"]  # fmt: skip
     assert methods[::3] == [("rejection", None), ("mars_ref", None), ("mars", 0.9), ("mars_ref", 0.9)]
     for cell in cells:

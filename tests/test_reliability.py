@@ -18,6 +18,7 @@ from mars_bench.bench.cell import run_cell
 from mars_bench.bench.failures import failure_line
 from mars_bench.bench.records import read_rows
 from mars_bench.bench.summary import summarise
+from mars_bench.settings import parse_setting
 from mars_bench.tasks import SCORERS
 
 SMALL = ["experiment=smoke", "task.num_prompts=3", "max_new_tokens=8", "warmup=0", "progress=false"]
@@ -195,5 +196,5 @@ def test_concurrent_cells_never_write_into_each_other(tmp_path):
     assert len(cells) == 2
     for cell, theta in zip(cells, (0.5, 0.9)):
         rows = list(read_rows(cell / "records.jsonl"))
-        assert len(rows) == 6 and {r["theta"] for r in rows} == {theta}
+        assert len(rows) == 6 and {parse_setting(r["verifier_setting"])["theta"] for r in rows} == {theta}
         assert {r["cell"] for r in rows} == {rows[0]["cell"]}

@@ -1,4 +1,4 @@
-"""Sharded targets (DESIGN section 7): a model split by device_map / max_memory decodes token
+"""Sharded targets (mars_bench/placement.py): a model split by device_map / max_memory decodes token
 for token like the unsplit one through the engine; a plan that does not fit fails before any
 weight is read, in one line; the manifest records where target and drafter were placed.
 

@@ -13,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from mars_bench.bench.baseline_cache import BaselineCache, cache_entries
 from mars_bench.bench.cell import CELL_CLAIM
-from mars_bench.bench.claims import Claim, atomic_create
+from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import Record, RecordWriter, read_rows
+from mars_bench.files import atomic_create, atomic_replace
 
 KEYS = [f"{index:064x}" for index in range(8)]
 
@@ -25,6 +28,21 @@ def test_a_file_is_created_once_and_whole(tmp_path):
     path = tmp_path / "entry.json"
     assert atomic_create(path, b"first") and not atomic_create(path, b"second")
     assert path.read_bytes() == b"first" and [p.name for p in tmp_path.iterdir()] == ["entry.json"]  # no temporary left
+
+
+def test_a_file_is_replaced_whole_and_a_failed_write_leaves_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    atomic_replace(path, b"old")
+    atomic_replace(path, b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_replace(path, b"newer")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary left
 
 
 def dead_pid() -> int:
@@ -86,8 +104,9 @@ def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing
         writer = RecordWriter(Path(records_dir))
         for index, key in enumerate(KEYS):
             record = Record(cell="c", model="m", target="t", draft_model=None, drafter="d", gamma=1, verifier="v",
-                            theta=None, guard=None, verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
-                            seed=0, max_new_tokens=1, dtype="float32", question_id=index, category="", turn=1,
+                            verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
+                            seed=0, max_new_tokens=1, dtype="float32", attn_implementation="sdpa", device_map=None,
+                            scorer=None, threads=None, question_id=index, category="", turn=1,
                             method="baseline", output_text=key * 50)  # fmt: skip
             if not writer.has(record.key):
                 writer.write(record)
@@ -129,6 +148,9 @@ def test_a_baseline_whose_decoder_died_is_decoded_by_the_next_job(tmp_path):
 def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
     (tmp_path / "baselines.jsonl").write_text(json.dumps({"key": KEYS[1], "row": {"b": 2}}) + "\n")
     assert BaselineCache(tmp_path).get(KEYS[1]) == {"b": 2}
+    schema_6 = {"b": 3, "theta": 0.9, "guard": "never"}  # fields that records no longer have
+    (tmp_path / f"{KEYS[2]}.json").write_text(json.dumps({"key": KEYS[2], "row": schema_6}))
+    assert BaselineCache(tmp_path).get(KEYS[2]) == {"b": 3}
 
 
 def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path):
@@ -143,3 +165,24 @@ def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_
     assert done.returncode == 0, done.stderr
     assert f"{tmp_path} is being written by" in done.stderr and "waiting" in done.stderr
     assert len(list(read_rows(tmp_path / "records.jsonl"))) == 4 and not (tmp_path / CELL_CLAIM).exists()
+
+
+def test_the_baseline_key_hashes_the_conditions_every_record_carries_and_is_the_one_earlier_versions_wrote():
+    from types import SimpleNamespace as Namespace
+
+    from conftest import run_config
+
+    from mars_bench.bench.baseline_cache import baseline_conditions, baseline_key
+    from mars_bench.bench.cell import cell_keys
+    from mars_bench.bench.records import BASELINE_CONDITIONS
+
+    cfg = run_config("experiment=smoke", "max_new_tokens=24")
+    assert tuple(baseline_conditions(cfg)) == BASELINE_CONDITIONS
+    assert {name: cell_keys(cfg, "c")[name] for name in BASELINE_CONDITIONS} == baseline_conditions(cfg)  # the records' own
+    model = Namespace(target="HuggingFaceTB/SmolLM2-135M-Instruct", dtype="bfloat16", attn_implementation="sdpa", device_map=None)
+    old = Namespace(model=model, task=Namespace(name="humaneval", scorer="humaneval"), temperature=1.0, top_p=1.0, top_k=0,
+                    max_new_tokens=24, seed=0, threads=None)  # fmt: skip
+    # the key of this baseline as the version before BASELINE_CONDITIONS hashed it: shared caches keep matching
+    key = baseline_key(old, "HumanEval/0", [1, 2, 3], 1000003)
+    assert key == "8ddc192b3a5b0edac75a44e2d9513d7d2945ec9b0e0d330bc1f1a7bf64d032cc"
+    assert baseline_key(Namespace(**{**vars(old), "max_new_tokens": 25}), "HumanEval/0", [1, 2, 3], 1000003) != key

@@ -167,3 +167,31 @@ def test_a_killed_conversion_leaves_nothing_that_loads(tmp_path, cache, monkeypa
     mirror = mirror_for(tmp_path, monkeypatch, [b"payload"], sha)
     monkeypatch.setitem(sources.MIRRORS, "acme/tiny", mirror)
     assert sources.resolve_model("acme/tiny", allow_hub=False).source == "mirror"  # converted afresh
+
+
+HOLD_LOCK = """
+import sys, time
+from mars_bench import sources
+with sources.cache_lock("acme/tiny"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_the_conversion_lock_is_held_by_one_process_at_a_time(cache):
+    import os
+    import subprocess
+    import sys
+
+    from filelock import Timeout
+
+    env = {**os.environ, sources.CACHE_ENV: str(cache)}
+    child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, "2"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(Timeout):
+            sources.cache_lock("acme/tiny").acquire(timeout=0.2)
+    finally:
+        child.wait(30)
+    with sources.cache_lock("acme/tiny"):  # free once its holder is done
+        pass

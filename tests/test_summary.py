@@ -3,6 +3,7 @@ tokens over verification steps, and the bootstrap interval covers the point esti
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mars_bench.bench.stats import bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
@@ -33,6 +34,10 @@ def test_speedup_and_tau_match_hand_computed_values():
     assert summary.loc["baseline", "tau"] == pytest.approx(1.0)
     assert summary.loc["mars", "speedup_ci_low"] <= summary.loc["mars", "speedup"] <= summary.loc["mars", "speedup_ci_high"]
     assert "| c | mars | 2 |" in format_table(summarise(ROWS))
+    assert summary["verifier_setting"].to_dict() == {"baseline": "", "mars": ""}  # rows of an older writer carry none
+    setting = "theta=0.9,guard=never,correction=residual"
+    written = summarise([{**row, "verifier_setting": setting} for row in ROWS]).set_index("method")
+    assert written.loc["mars", "verifier_setting"] == setting and "theta" not in written
 
 
 def test_the_ratios_agree_on_equal_prompts():
@@ -62,3 +67,17 @@ def test_a_method_is_summarised_over_all_its_rows_and_its_speedup_over_the_paire
     assert summary.loc["mars", "prompts"] == 2 and summary.loc["mars", "tokens"] == 150
     assert summary.loc["mars", "tau"] == pytest.approx((99 + 49) / (33 + 7))
     assert summary.loc["mars", "speedup"] == pytest.approx((100 / 5.0) / (100 / 10.0))  # question 0 only
+
+
+def test_tau_is_pooled_and_its_mean_per_request_stands_beside_it_even_where_they_order_methods_differently():
+    rows = [row(0, "baseline", 100, 10.0, 99), row(1, "baseline", 100, 10.0, 99),
+            row(0, "mars", 91, 5.0, 10), row(1, "mars", 11, 5.0, 10),  # emitted 90 and 10 in 10 steps each: 9 and 1
+            row(0, "typical", 15, 5.0, 2, verifier="typical"), row(1, "typical", 61, 5.0, 15, verifier="typical")]  # 7, 4
+    summary = summarise(rows).set_index("method")
+    assert summary.loc["mars", "tau"] == pytest.approx(100 / 20) and summary.loc["mars", "tau_request_mean"] == pytest.approx(5.0)
+    assert summary.loc["typical", "tau"] == pytest.approx(74 / 17) and summary.loc["typical", "tau_request_mean"] == 5.5
+    assert summary.loc["mars", "tau"] > summary.loc["typical", "tau"]  # pooled: mars ahead
+    assert summary.loc["mars", "tau_request_mean"] < summary.loc["typical", "tau_request_mean"]  # per request: typical
+    assert "| tau | tau (mean per request) |" in format_table(summary.reset_index())
+    one_token = summarise([row(0, "baseline", 1, 1.0, 0), row(0, "mars", 1, 1.0, 0)]).set_index("method")
+    assert np.isnan(one_token.loc["mars", "tau_request_mean"])  # no verification step: no tau of its own

@@ -13,7 +13,7 @@ from mars_bench.__main__ import CONF_DIR
 from mars_bench.tasks import QuestionFileError, read_questions
 from mars_bench.tasks.providers import load_questions
 
-EXPECTED = {  # task -> (questions, turns per question), as listed in reference/mars.md section 6
+EXPECTED = {  # task -> (questions, turns per question) in the MARS prompt files (the official repository's data/)
     "mt_bench": (80, 2),
     "humaneval": (164, 1),
     "gsm8k": (121, 1),

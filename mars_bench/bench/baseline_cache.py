@@ -20,32 +20,32 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mars_bench.bench.claims import Claim, atomic_create
-from mars_bench.bench.records import read_rows
+from mars_bench.bench.claims import Claim
+from mars_bench.bench.records import RETIRED, read_rows
+from mars_bench.files import atomic_create
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
 ENTRY_SUFFIX = ".json"
 
 
+def baseline_conditions(cfg: Any) -> dict[str, Any]:
+    """The run's ``records.BASELINE_CONDITIONS``, in that order, read from its config: what every record
+    carries of them."""
+    model, task = cfg.model, cfg.task
+    return {"target": model.target, "dtype": model.dtype, "attn_implementation": model.attn_implementation,
+            "device_map": model.device_map, "task": task.name, "scorer": task.scorer, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+            "threads": cfg.threads}  # fmt: skip
+
+
+HASHED_AS = {"attn_implementation": "attn"}  # the names earlier versions hashed: their cached baselines still match
+
+
 def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> str:
-    """Everything that fixes a baseline's output, its score and its timing conditions, hashed."""
-    model = cfg.model
-    fixed = {
-        "target": model.target,
-        "dtype": model.dtype,
-        "attn": model.attn_implementation,
-        "device_map": model.device_map,
-        "task": cfg.task.name,
-        "scorer": cfg.task.scorer,
-        "question_id": str(question_id),
-        "prompt": prompt,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "max_new_tokens": cfg.max_new_tokens,
-        "seed": seed,
-        "threads": cfg.threads,
-    }
+    """The run's baseline conditions, the question, the prompt's token ids and its own ``seed`` (derived
+    from the run's, which it replaces), hashed."""
+    fixed = {HASHED_AS.get(name, name): value for name, value in baseline_conditions(cfg).items()}
+    fixed |= {"question_id": str(question_id), "prompt": prompt, "seed": seed}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 
 
@@ -67,10 +67,13 @@ class BaselineCache:
         return self.folder / f"{key}{ENTRY_SUFFIX}"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The kept row of ``key`` (None: none yet), less the fields that rows cached by older versions
+        carry and records no longer have (``records.RETIRED``)."""
         try:
-            return json.loads(self.entry(key).read_text(encoding="utf-8"))["row"]
+            row = json.loads(self.entry(key).read_text(encoding="utf-8"))["row"]
         except FileNotFoundError:
-            return self.legacy.get(key)
+            row = self.legacy.get(key)
+        return None if row is None else {name: value for name, value in row.items() if name not in RETIRED}
 
     def get_or_claim(self, key: str) -> dict[str, Any] | None:
         """The kept row of ``key``, waiting for it while another job decodes it; None once this job

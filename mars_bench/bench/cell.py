@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from mars_bench.bench.baseline_cache import BaselineCache, baseline_key
+from mars_bench.bench.baseline_cache import BaselineCache, baseline_conditions, baseline_key
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
@@ -75,21 +75,12 @@ def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, 
     return {
         "cell": name,
         "model": model.name,
-        "target": model.target,
         "draft_model": model.draft_model if drafter_needs_model(cfg.drafter.name) else None,
         "drafter": cfg.drafter.name,
         "gamma": cfg.drafter.gamma,
         "verifier": cfg.verifier.name,
-        "theta": settings.get("theta"),
-        "guard": settings.get("guard"),
         "verifier_setting": setting_string(settings),
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "task": cfg.task.name,
-        "seed": cfg.seed,
-        "max_new_tokens": cfg.max_new_tokens,
-        "dtype": model.dtype,
+        **baseline_conditions(cfg),
         "draft_length": cfg.drafter.length,
         "drafter_setting": spec.drafter_setting if spec is not None else "",
     }

@@ -1,14 +1,11 @@
-"""Files that many processes, on many nodes over a shared filesystem, create beside each other.
+"""Claims on work that many processes, on many nodes over a shared filesystem, share.
 
-Nothing here uses ``flock``: POSIX locks are unreliable or missing on network filesystems. A file
-is created whole or not at all by writing a private temporary file and hard-linking it to its
-final name; ``link`` fails when the name exists, on local disks and NFS alike, so of several
-processes creating the same name exactly one wins and every reader sees a complete file.
-
-A *claim* is such a file naming its owner (host, process, SLURM job, time). Its modification
-time is the owner's heartbeat. A claim is *stale*, and may be broken, when its owner is a process
-of this host that no longer runs, when it belongs to this very SLURM job (a requeued job taking
-its own work back), or when its heartbeat is older than the lease.
+A *claim* is a file naming its owner (host, process, SLURM job, time), created whole by exactly
+one of the processes racing for it (``mars_bench.files.atomic_create``: no ``flock``, which is
+unreliable or missing on network filesystems). Its modification time is the owner's heartbeat.
+A claim is *stale*, and may be broken, when its owner is a process of this host that no longer
+runs, when it belongs to this very SLURM job (a requeued job taking its own work back), or when
+its heartbeat is older than the lease.
 """
 
 from __future__ import annotations
@@ -20,34 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mars_bench.files import atomic_create
+
 LEASE_S = 3600.0  # a claim whose owner has not touched it for this long is given up
-
-
-def private_copy(path: Path, data: bytes) -> Path:
-    """``data`` written and synced to a temporary file beside ``path``, named for this host, process and moment."""
-    temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    with temporary.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return temporary
-
-
-def atomic_create(path: Path, data: bytes) -> bool:
-    """Create ``path`` with ``data`` unless it exists; True if this call created it."""
-    temporary = private_copy(path, data)
-    try:
-        os.link(temporary, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def atomic_replace(path: Path, data: bytes) -> None:
-    """Write ``path`` whole: readers see the old file or the new one, never a part."""
-    os.replace(private_copy(path, data), path)
 
 
 def owner() -> dict[str, Any]:

@@ -19,10 +19,21 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
-SCHEMA_VERSION = 6  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 7  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
-# 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed)
+# 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
+# 7: attn_implementation, device_map, scorer, threads (with the others, every one of BASELINE_CONDITIONS);
+#    no theta, guard (MARS's settings, written for every verifier: verifier_setting holds every verifier's)
+RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has now (readers: analysis/gather.py)
+
+# What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
+# that every record carries under these names. Rows that agree on them (and on question and turn) have
+# one baseline: bench/baseline_cache.py hashes them, with the prompt's token ids and seed, to share it
+# between the cells of a sweep; the analysis pairs a method with a baseline, and pools rows into one
+# setting, only where they agree (records older than schema 7 lack the last four: they agree as unknown).
+BASELINE_CONDITIONS = ("target", "dtype", "attn_implementation", "device_map", "task", "scorer", "temperature", "top_p",
+                       "top_k", "max_new_tokens", "seed", "threads")  # fmt: skip
 
 
 @dataclass
@@ -37,8 +48,6 @@ class Record:
     drafter: str
     gamma: int  # drafts per step (the starting value under an adaptive draft length)
     verifier: str
-    theta: float | None
-    guard: str | None
     verifier_setting: str  # the verifier's settings, e.g. "theta=0.9,guard=never,correction=residual"
     temperature: float
     top_p: float
@@ -47,6 +56,10 @@ class Record:
     seed: int
     max_new_tokens: int
     dtype: str
+    attn_implementation: str
+    device_map: str | None
+    scorer: str | None
+    threads: int | None  # torch CPU threads; None: all cores
     # the row
     question_id: int | str
     category: str

@@ -1,29 +1,40 @@
-"""Speedup statistics over paired per-prompt measurements."""
+"""Statistics over paired per-prompt measurements: speedups, bootstrap intervals, a paired test.
+
+The intervals are ``scipy.stats.bootstrap``'s percentile intervals, resampling prompts (a prompt's
+numbers kept together) with a seeded generator, so that a table comes out the same on every run.
+The paired sign-flip test is our own: it gives ``scipy.stats.permutation_test``'s p-values where
+both enumerate every sign pattern (tests/test_analysis.py checks it) at a fraction of the cost, and
+the quality table runs one per method.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 
-def throughput_ratio(method_tokens, method_seconds, base_tokens, base_seconds) -> float:
-    """(sum tokens / sum time) of the method over the same of the baseline."""
-    return (np.sum(method_tokens) / np.sum(method_seconds)) / (np.sum(base_tokens) / np.sum(base_seconds))
+def throughput_ratio(method_tokens, method_seconds, base_tokens, base_seconds, axis=None) -> float:
+    """(sum tokens / sum time) of the method over the same of the baseline (along ``axis``: one per resample)."""
+    method = np.sum(method_tokens, axis=axis) / np.sum(method_seconds, axis=axis)
+    return method / (np.sum(base_tokens, axis=axis) / np.sum(base_seconds, axis=axis))
+
+
+def percentile_ci(data: tuple[np.ndarray, ...], statistic, resamples: int, level: float, seed: int) -> tuple[float, float]:
+    """The percentile bootstrap CI of ``statistic`` over the prompts of ``data`` (arrays of one value per
+    prompt, resampled together); NaN for fewer than two prompts."""
+    if len(data[0]) < 2:
+        return (float("nan"), float("nan"))
+    result = stats.bootstrap(data, statistic, n_resamples=resamples, confidence_level=level, method="percentile",
+                             paired=True, vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def bootstrap_ratio_ci(
     method_tokens, method_seconds, base_tokens, base_seconds, *, resamples: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap CI of ``throughput_ratio``, resampling prompts (pairs kept together)."""
-    arrays = [np.asarray(a, dtype=float) for a in (method_tokens, method_seconds, base_tokens, base_seconds)]
-    count = len(arrays[0])
-    if count < 2:
-        return (float("nan"), float("nan"))
-    picks = np.random.default_rng(seed).integers(0, count, size=(resamples, count))
-    mt, ms, bt, bs = (a[picks].sum(axis=1) for a in arrays)
-    ratios = (mt / ms) / (bt / bs)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(ratios, [tail, 100 - tail])
-    return float(low), float(high)
+    arrays = tuple(np.asarray(a, dtype=float) for a in (method_tokens, method_seconds, base_tokens, base_seconds))
+    return percentile_ci(arrays, throughput_ratio, resamples, level, seed)
 
 
 def mean_rate_ratio(method_tokens, method_seconds, base_tokens, base_seconds) -> float:
@@ -35,13 +46,7 @@ def mean_rate_ratio(method_tokens, method_seconds, base_tokens, base_seconds) ->
 
 def bootstrap_mean_ci(values, *, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean (for paired data: pass the per-prompt differences)."""
-    data = np.asarray(values, dtype=float)
-    if data.size < 2:
-        return (float("nan"), float("nan"))
-    means = data[np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(low), float(high)
+    return percentile_ci((np.asarray(values, dtype=float),), np.mean, resamples, level, seed)
 
 
 def paired_permutation_p(differences, *, rounds: int = 20000, seed: int = 0) -> float:

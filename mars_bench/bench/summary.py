@@ -2,7 +2,8 @@
 
 Method rows are paired with baseline rows of the same prompt; a paired set gives speed (the
 throughput ratio with a paired bootstrap 95% CI, and the paper's mean-of-rates convention),
-tau, acceptance, the verifier's own trigger rate and the score with its CI.
+tau (pooled, and the mean of per-request values beside it), acceptance, the verifier's own
+trigger rate and the score with its CI.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def finished(frame: pd.DataFrame) -> pd.DataFrame:
 
 def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else np.nan
+
+
+def tau_request_mean(rows: pd.DataFrame) -> float:
+    """The mean over requests (rows: one decoded turn each) of each one's tau, its emitted tokens over its
+    verification steps; rows without a step are left out, NaN where none has one. SpecForge reports tau
+    so; ``tau`` here pools instead (all emitted tokens over all steps of the rows, as vLLM and SGLang
+    do), which weighs a request by its steps. The two can order methods differently."""
+    stepped = rows[rows["steps"] > 0]
+    return float((stepped["emitted"] / stepped["steps"]).mean()) if len(stepped) else np.nan
 
 
 def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dict[str, Any]:
@@ -67,6 +77,7 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
         "speedup_ci_high": high,
         "speedup_mean_rate": mean_rate_ratio(*speed) if some else np.nan,
         "tau": ratio(rows["emitted"].sum(), rows["steps"].sum()),
+        "tau_request_mean": tau_request_mean(rows),
         "acceptance_rate": ratio(accepted, rows["drafted"].sum()),
         "relaxed": int(rows["relaxed"].sum()),
         "relaxed_share": ratio(rows["relaxed"].sum(), accepted),
@@ -85,8 +96,9 @@ def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[
     return methods.merge(base, on=on, suffixes=("", "_base"), how=how)
 
 
-TERMINAL = ["cell", "method", "verifier", "theta", "prompts", "disturbed", "tokens", "tok_per_s", "speedup", "speedup_ci_low",
-            "speedup_ci_high", "speedup_mean_rate", "tau", "relaxed", "trigger_rate", "agreement", "score"]  # fmt: skip
+TERMINAL = ["cell", "method", "verifier", "verifier_setting", "prompts", "disturbed", "tokens", "tok_per_s", "speedup",
+            "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "tau", "tau_request_mean", "relaxed", "trigger_rate",
+            "agreement", "score"]  # fmt: skip
 
 
 def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd.DataFrame:
@@ -103,10 +115,17 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd
             summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed)
             if method == BASELINE:
                 summary |= {"agreement": 1.0, "trigger_rate": np.nan}
-            setting = {"verifier": BASELINE, "theta": None} if method == BASELINE else {
-                "verifier": group["verifier"].iloc[0], "theta": group["theta"].iloc[0]}  # fmt: skip
+            setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
+                "verifier": group["verifier"].iloc[0], "verifier_setting": recorded_setting(group)}  # fmt: skip
             out.append({"cell": cell, "method": method, **setting, **summary})
     return pd.DataFrame(out)[TERMINAL]
+
+
+def recorded_setting(rows: pd.DataFrame) -> str:
+    """The verifier's settings of a method's rows (``theta=0.9,guard=never,...``); empty where rows of
+    an older writer (a resumed run) carry none."""
+    settings = rows["verifier_setting"].dropna() if "verifier_setting" in rows else rows.iloc[:0]
+    return str(settings.iloc[0]) if len(settings) else ""
 
 
 def disturbed_rows(frame: pd.DataFrame) -> list[str]:
@@ -145,8 +164,8 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
         return "no finished rows to summarise"
     lines = [
         "| cell | method | prompts | disturbed | tok/s | speedup [95% CI] | speedup (mean of rates) "
-        "| tau | trigger rate | agreement | score |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tau | tau (mean per request) | trigger rate | agreement | score |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, pattern: str = "{:.2f}") -> str:
@@ -156,8 +175,8 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
         ci = f"{fmt(row['speedup'])}x [{fmt(row['speedup_ci_low'])}, {fmt(row['speedup_ci_high'])}]"
         lines.append(
             f"| {row['cell']} | {row['method']} | {row['prompts']} | {row['disturbed']} | {fmt(row['tok_per_s'])} | {ci} | "
-            f"{fmt(row['speedup_mean_rate'])}x | {fmt(row['tau'])} | {fmt(row['trigger_rate'], '{:.3f}')} | "
-            f"{fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
+            f"{fmt(row['speedup_mean_rate'])}x | {fmt(row['tau'])} | {fmt(row['tau_request_mean'])} | "
+            f"{fmt(row['trigger_rate'], '{:.3f}')} | {fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
         )
     if disturbed:
         lines += ["", disturbed_note(list(disturbed), included)]

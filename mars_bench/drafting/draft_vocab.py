@@ -115,7 +115,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def sharegpt_token_counts(tokenizer: Any, vocab_size: int, conversations: int | None = None) -> np.ndarray:
     """The built-in count (see the module docstring), computed once per tokenizer and cached."""
-    from mars_bench.bench.claims import atomic_replace
+    from mars_bench.files import atomic_replace
     from mars_bench.sources import cache_root
     from mars_bench.tasks.providers import from_package_member
 

@@ -3,8 +3,9 @@
 The drafter is a real ``*ForCausalLM`` of the target's class, built on the meta device
 and grafted with the target's own modules, so it allocates no weights, keeps its own KV
 cache, and behaves like the target in every call (cache, masks, position ids, crop).
-It must never be asked for hidden states: that would install a second set of capture
-hooks on the shared layers and corrupt the target's (see reference/transformers-5.md).
+It must never be asked for hidden states: transformers 5 captures them with forward hooks
+on the decoder layers, installed on first use, so the drafter would install a second set on
+the shared layers and every later capture of the target's would hold extra, shifted entries.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mars_bench.bench.claims import atomic_replace
 from mars_bench.drafting.draft_weights import DRAFT_WEIGHTS
+from mars_bench.files import atomic_replace
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
 from mars_bench.perf.suite import DraftConfig, PerfSettings, run_suite

@@ -132,7 +132,9 @@ class Method:
 
     @property
     def verifier(self) -> str | None:
-        return None if self.config is None else ("exact" if self.temperature == 0 else "rejection")
+        from mars_bench.strict_rule import strict_verifier
+
+        return None if self.config is None else strict_verifier(self.temperature)
 
 
 def methods_for(settings: PerfSettings) -> list[Method]:

@@ -1,4 +1,4 @@
-"""Verifiers: pure tensor functions registered by name (see DESIGN.md section 2).
+"""Verifiers: pure tensor functions registered by name (``base.register_verifier``; ``base.Verifier`` is the contract).
 
 from mars_bench.verification import VerifyInput, get_verifier
 verdict = get_verifier("mars", theta=0.9).verify(step, generator=generator)

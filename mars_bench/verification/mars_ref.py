@@ -1,6 +1,6 @@
 """``mars_ref``: the official MARS code's sampling branch, reproduced for chains and trees.
 
-Follows ``evaluate_posterior`` in the official repository (see reference/mars.md 1.3b):
+Follows ``evaluate_posterior`` in the official repository, where it differs from the paper's rule:
 the trigger is the raw ratio z2 / (z1 + 1e-10) > theta with no guard, computed in float64
 as the official code divides Python floats; a triggered position accepts a draft in the
 top-2 set {t1, t2} deterministically and otherwise rejects with no randomness and no change
