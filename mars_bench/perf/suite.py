@@ -34,6 +34,7 @@ from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
+from mars_bench.strict_rule import strict_verifier
 from mars_bench.tasks.providers import load_questions
 from mars_bench.verification.sampling import SamplingParams
 
@@ -132,8 +133,6 @@ class Method:
 
     @property
     def verifier(self) -> str | None:
-        from mars_bench.strict_rule import strict_verifier
-
         return None if self.config is None else strict_verifier(self.temperature)
 
 
