@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import fields
+import sys
+from dataclasses import dataclass, fields
 from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from mars_bench.decoding import decode
+from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.drafting import drafter_needs_model, drafter_settings
@@ -86,16 +87,30 @@ class MarsBenchLM(LM):
         return self.target.tokenizer.chat_template if chat_template else None
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        outputs = []
-        for request in requests:
-            context, gen_kwargs = request.args
-            outputs.append(self.generate(context, dict(gen_kwargs or {})))
+        """Every request in order, with a progress bar in requests showing tok/s and tau so far; at the
+        end one line on stderr with what the decodes added up to (``DecodeTally.line``)."""
+        from tqdm import tqdm
+
+        outputs, tally = [], DecodeTally()
+        with tqdm(requests, desc="mars_bench", unit="request", disable=disable_tqdm) as bar:
+            for request in bar:
+                context, gen_kwargs = request.args
+                text, result = self.decode_request(context, dict(gen_kwargs or {}))
+                outputs.append(text)
+                tally.add(result)
+                bar.set_postfix_str(tally.postfix(), refresh=False)
+        print(tally.line(), file=sys.stderr)
         return outputs
 
     def generate(self, context: str, gen_kwargs: dict[str, Any]) -> str:
+        """The answer to one request (``decode_request``)."""
+        return self.decode_request(context, gen_kwargs)[0]
+
+    def decode_request(self, context: str, gen_kwargs: dict[str, Any]) -> tuple[str, DecodeResult]:
         """One request, as lm-eval's HF model serves it: the task's ``until`` strings (and the end-of-text
         token's text) end decoding as they appear and cut the answer; ``max_gen_toks`` (or an alias) is the
-        budget (default: ``max_new_tokens``); the task's sampling settings win over ``model_args``."""
+        budget (default: ``max_new_tokens``); the task's sampling settings win over ``model_args``.
+        Returns the answer and the decode that made it."""
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_new_tokens)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=self.eos_text)
         ignored = sorted(set(kwargs) - GEN_KWARGS_USED)
@@ -115,7 +130,7 @@ class MarsBenchLM(LM):
             **spec.decode_kwargs(),  # a fresh draft-length policy per sequence: schedule adapts
         )
         text = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        return postprocess_generated_text(text, until, None)
+        return postprocess_generated_text(text, until, None), result
 
     @property
     def eos_text(self) -> str | None:
@@ -128,6 +143,50 @@ class MarsBenchLM(LM):
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
+
+
+@dataclass
+class DecodeTally:
+    """The decodes of one ``generate_until`` call added up: requests, new tokens, seconds (prefill and
+    decode), verification steps and the tokens they emitted, drafts made and kept."""
+
+    requests: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    emitted: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, result: DecodeResult) -> None:
+        self.requests += 1
+        self.new_tokens += result.new_tokens
+        self.seconds += result.prefill_s + result.decode_s
+        self.steps += result.verify_steps
+        self.emitted += sum(step.emitted for step in result.steps)
+        self.drafted += result.drafted
+        self.accepted += result.accepted
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else float("nan")
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verification step, pooled over the requests (as the app's tables pool it)."""
+        return self.emitted / self.steps if self.steps else float("nan")
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    def postfix(self) -> str:
+        return f"{self.tokens_per_s:.1f} tok/s, tau {self.tau:.2f}"
+
+    def line(self) -> str:
+        return (f"mars_bench: {self.requests} requests, {self.new_tokens} new tokens in {self.seconds:.1f} s "
+                f"({self.tokens_per_s:.2f} tok/s), tau {self.tau:.2f}, acceptance {self.acceptance:.3f} "
+                f"({self.accepted} of {self.drafted} drafts kept)")  # fmt: skip
 
 
 def request_sampling(gen_kwargs: dict[str, Any], default: SamplingParams) -> SamplingParams:

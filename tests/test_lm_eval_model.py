@@ -4,13 +4,19 @@ before any model loads, and speculative decoding under it stays the target's gre
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 import pytest
 
 from mars_bench import lm_eval_model
 from mars_bench.decoding import decode
 from mars_bench.lm_eval_model import MarsBenchLM, request_sampling
+from mars_bench.tasks.questions import Question
 from mars_bench.verification.sampling import SamplingParams
 
+REPO = Path(__file__).resolve().parents[1]
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GREEDY = {"max_gen_toks": 24, "until": []}
 
@@ -105,3 +111,57 @@ def test_a_task_asking_for_sampling_is_sampled(layerskip_lm, decodes):
     sampled = lm.generate(context, {"until": [], "max_gen_toks": 24, "do_sample": True, "temperature": 1.0})
     assert [call["temperature"] for call, _ in decodes] == [0.0, 1.0]
     assert sampled != greedy
+
+
+EXAMPLE = REPO / "examples" / "lm_eval"
+
+
+@pytest.mark.slow
+def test_the_lm_eval_example_runs_from_a_bare_clone_and_reports_its_decoding(monkeypatch, capsys):
+    """No ../shared, no $MARS_BENCH_DATA: the example's questions come from the pinned GSM8K package, and the
+    run ends with the decodes' tok/s, tau and acceptance."""
+    from mars_bench.extras import lm_eval_cli
+    from mars_bench.tasks import providers
+
+    monkeypatch.setattr(providers, "data_dirs", lambda data_dir: [])  # a clone with no prompt files beside it
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["mars-bench-lm-eval", "run", "--model", "mars_bench", "--model_args",
+                                      f"target={SMOLLM},drafter=lookup,verifier=mars,theta=0.9", "--include_path",
+                                      str(EXAMPLE), "--tasks", "gsm8k_local", "--limit", "1", "--gen_kwargs",
+                                      "max_gen_toks=12"])  # fmt: skip
+    lm_eval_cli()
+    out, err = capsys.readouterr()
+    assert "|gsm8k_local|" in out and "exact_match" in out
+    assert re.search(r"mars_bench: 1 requests, \d+ new tokens in [\d.]+ s \([\d.]+ tok/s\), tau [\d.]+, acceptance ", err)
+
+
+def test_the_lm_eval_examples_questions_are_the_apps_gsm8k_questions(monkeypatch):
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from gsm8k_questions import gsm8k_test
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    from mars_bench.tasks import providers
+    from mars_bench.tasks.options import task_option
+
+    monkeypatch.setattr(providers, "load_questions", lambda task, data_dir=None: [
+        Question(1, ["What is 2 + 3?"], reference=["2 + 3 = 5\n#### 5"])] if task.name == "gsm8k" else [])  # fmt: skip
+    split = gsm8k_test()["test"]
+    assert split[0]["turns"] == ["What is 2 + 3?"] and split[0]["reference"][-1].endswith("#### 5")
+    assert task_option("gsm8k", num_prompts=None).num_prompts is None
+    with pytest.raises(ValueError, match="^task 'gsm8' is unknown: allowed are aime2025, alpaca, "):
+        task_option("gsm8")
+
+
+def test_the_decode_tally_pools_tau_and_acceptance_over_requests():
+    from mars_bench.decoding.trace import DecodeResult, StepRecord
+    from mars_bench.lm_eval_model import DecodeTally
+
+    tally = DecodeTally()
+    tally.add(DecodeResult(3, [1, 2, 3, 4], [StepRecord(4, 2, 0, 9, 3)], 0.5, 0.5, "stop_token"))  # 1 step emits 3
+    tally.add(DecodeResult(3, [1, 2, 3], [StepRecord(4, 0, 0, 9, 1), StepRecord(2, 1, 0, 9, 1)], 1.0, 1.0, "stop_token"))
+    assert (tally.requests, tally.new_tokens, tally.steps, tally.emitted) == (2, 7, 3, 5)
+    assert tally.tau == 5 / 3 and tally.acceptance == 3 / 10 and tally.tokens_per_s == 7 / 3
+    assert tally.line() == ("mars_bench: 2 requests, 7 new tokens in 3.0 s (2.33 tok/s), tau 1.67, acceptance 0.300 "
+                            "(3 of 10 drafts kept)")  # fmt: skip

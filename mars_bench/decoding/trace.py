@@ -43,7 +43,7 @@ class DecodeResult:
     steps: list[StepRecord]
     prefill_s: float
     decode_s: float
-    stop_reason: str  # stop_token | max_new_tokens
+    stop_reason: str  # stop_token | stop_string | max_new_tokens
 
     @property
     def new_tokens(self) -> int:

@@ -18,11 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
-from mars_bench.config import TaskConfig
 from mars_bench.decoding import decode
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import cut_at_stop
@@ -30,15 +27,14 @@ from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.method import MethodSpec
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.paths import CONF_DIR
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
 from mars_bench.strict_rule import strict_verifier
+from mars_bench.tasks.options import task_option
 from mars_bench.tasks.providers import load_questions
 from mars_bench.verification.sampling import SamplingParams
 
-CONF_TASKS = CONF_DIR / "task"
 OURS, PEER = "ours", "transformers"
 Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per prompt: one timed run
 
@@ -150,11 +146,7 @@ def methods_for(settings: PerfSettings) -> list[Method]:
 def first_turn_prompts(tokenizer: Any, task: str, num_prompts: int, data_dir: str | None = None) -> list[list[int]]:
     """The chat-templated first turns of ``task``'s first ``num_prompts`` questions (from the
     shared data folder or, without it, the pinned registry package), as token ids."""
-    option = CONF_TASKS / f"{task}.yaml"
-    if not option.is_file():
-        choices = ", ".join(sorted(p.stem for p in CONF_TASKS.glob("*.yaml")))
-        raise ValueError(f"task {task!r} is unknown: allowed are {choices}")
-    config = OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(option), {"num_prompts": num_prompts})
+    config = task_option(task, num_prompts=num_prompts)
     questions = load_questions(config, data_dir)
     return [chat_prompt_ids(tokenizer, [question.turns[0]], config.system_prompt) for question in questions]
 
