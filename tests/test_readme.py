@@ -1,7 +1,7 @@
-"""Every command the README shows runs, as a user types it, in the order a user runs them.
+"""Every command the README and the docs pages show runs, as a user types it, in the order a user runs them.
 
-The commands are read from the README's own code blocks, so a README command that breaks fails
-here. Each runs through its real entry point (``python -m X`` is ``runpy`` on X with the same
+The commands are read from the shell code blocks of README.md and docs/*.md, so a shown command that
+breaks fails here. Each runs through its real entry point (``python -m X`` is ``runpy`` on X with the same
 argv; ``mars-bench-lm-eval`` is the console script's function), in one process so that the
 small model loads once. What differs from the user's command is only the model (SmolLM2-135M,
 drafting for itself where the command uses a separate draft model), the prompt count and the
@@ -31,6 +31,7 @@ from mars_bench.perf.__main__ import parse as perf_options
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMALL = ["task.num_prompts=2", "max_new_tokens=8", "warmup=0", "progress=false"]
 SMALL_MODEL = ["model=smollm2-135m", f"model.draft_model={SMOLLM}"]
@@ -40,9 +41,10 @@ pytestmark = pytest.mark.slow
 
 
 def readme_commands() -> list[str]:
-    """The shell commands in the README's shell code blocks: continuation lines joined, comments cut."""
+    """The shell commands in the shell code blocks of the README and the docs pages: continuation
+    lines joined, comments cut."""
     commands, block, pending = [], None, ""
-    for line in README.splitlines():
+    for line in "\n".join(page.read_text() for page in DOCS).splitlines():
         if line.startswith("```"):
             block = None if block is not None else line[3:].strip()
             continue
@@ -257,8 +259,8 @@ CLUSTER_SWEEP = "python -m mars_bench -m hydra/launcher=slurm"
 
 
 def paper_targets() -> list[str]:
-    """The models the README's cluster recipe loops over."""
-    return re.search(r"for model in ([^;]+); do", README).group(1).split()
+    """The models the cluster recipe (docs/clusters.md) loops over."""
+    return re.search(r"for model in ([^;]+); do", (REPO / "docs" / "clusters.md").read_text()).group(1).split()
 
 
 def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jobs(tmp_path, monkeypatch):
