@@ -1,53 +1,79 @@
-"""Every command the README shows runs, as a user types it, in the order a user runs them.
+"""Every command the README and the docs pages show is run, or composed and checked, here, as a user
+types it, in the order a user runs them.
 
-The commands are read from the README's own code blocks, so a README command that breaks fails
-here. Each runs through its real entry point (``python -m X`` is ``runpy`` on X with the same
-argv; ``mars-bench-lm-eval`` is the console script's function), in one process so that the
-small model loads once. What differs from the user's command is only the model (SmolLM2-135M,
-drafting for itself where the command uses a separate draft model), the prompt count and the
-token budget, appended as overrides; commands for 8B-235B targets are composed and checked,
-not run. The first Quick start command's last step is the README's main command, run here;
-the second is the command CI runs (checked below).
+The commands are read from the shell code blocks of README.md and docs/*.md, so a shown command that
+breaks fails here; a command the README of a results folder (benchmarks/results/*, analysis/examples/*)
+shows is one of those or is checked here too. A command runs through its real entry point in this
+process (``python -m X`` is ``runpy`` on X with the same argv; ``mars-bench-lm-eval`` is the console
+script's function), so that the small model loads once. What differs from the user's command is only
+what is appended: the model (SmolLM2-135M, drafting for itself where the command uses a separate draft
+model), the prompt count, the token budget and, for a sweep, the one task its run decodes.
+
+The runs a user makes one after the other run once, in fixtures, and every journey that reads them
+asserts on them: the main command, its analysis and its rescoring; the paper's threshold ablation (its
+strict reference, its thetas, its analysis); the verifier zoo and its analysis; the perf suite and its
+report. A command that differs from those only in its configuration (another verifier, drafter, model
+or experiment; other perf-suite options) is composed as Hydra composes it, every cell of a sweep
+included, and held to every check the app makes before a model loads (the perf suite's own option
+parser and checks, for its commands); commands for 8B-235B targets are composed, never run.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import re
 import shlex
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import SHARED_DATA, needs_shared_data, python_m
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from mars_bench.bench.records import read_rows
-from mars_bench.config import check_run_config
+from mars_bench.config import (
+    check_override_keys,
+    check_run_config,
+    check_slurm_sweep,
+    register_configs,
+    shadow_verifiers,
+    verifier_params,
+)
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.__main__ import parse as perf_options
-from mars_bench.settings import parse_setting
+from mars_bench.perf.report import header as perf_header
+from mars_bench.perf.suite import DraftConfig, methods_for
+from mars_bench.settings import parse_setting, plugin_label
+from mars_bench.verification import get_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RESULTS = sorted([*(REPO / "benchmarks" / "results").glob("*/README.md"), *(REPO / "analysis" / "examples").glob("*/README.md")])
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
-SMALL = ["task.num_prompts=2", "max_new_tokens=8", "warmup=0", "progress=false"]
+# The tests share a busy machine: no row is flagged as disturbed and left out of the speed tables (test_contention checks flags).
+SMALL = ["task.num_prompts=2", "max_new_tokens=8", "warmup=0", "progress=false", "disturbed_load=1000"]
 SMALL_MODEL = ["model=smollm2-135m", f"model.draft_model={SMOLLM}"]
+ONE_TASK = ["task.num_prompts=1", "task=humaneval"]  # a sweep run on one prompt of one task: every cell is composed too
 LARGE = re.compile(r"model=(llama|qwen3|vicuna)|drafter=eagle3|experiment=table1")
 
 pytestmark = pytest.mark.slow
+register_configs()  # the app's config schemas, as its entry point registers them before Hydra composes
 
 
-def readme_commands() -> list[str]:
-    """The shell commands in the README's shell code blocks: continuation lines joined, comments cut."""
+def shell_commands(text: str) -> list[str]:
+    """The shell commands in a Markdown text's shell code blocks: continuation lines joined, comments cut."""
     commands, block, pending = [], None, ""
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             block = None if block is not None else line[3:].strip()
             continue
-        if block != "":  # outside a block, or a block in another language (python)
+        if block not in ("", "bash", "sh"):  # outside a block, or a block in another language (python)
             continue
         pending += line.strip()
         if pending.endswith("\\"):
@@ -60,15 +86,29 @@ def readme_commands() -> list[str]:
     return commands
 
 
-def readme(prefix: str) -> str:
-    """The one README command that starts with ``prefix`` (the README is the source of the text run)."""
-    found = [command for command in readme_commands() if command.startswith(prefix)]
-    assert len(found) == 1, f"the README shows {len(found)} commands starting with {prefix!r}"
+def runs_the_test_suite(command: str) -> bool:
+    """A command that runs pytest itself (docs/testing.md): the suite does not run inside itself."""
+    words = shlex.split(command)
+    while words and re.match(r"[A-Z_]+=", words[0]):  # VAR=value prefixes
+        words.pop(0)
+    return words[:1] == ["pytest"] or words[1:3] == ["-m", "pytest"]
+
+
+def shown_commands() -> list[str]:
+    """Every command README.md and docs/*.md show, once each, in reading order."""
+    found = [command for page in DOCS for command in shell_commands(page.read_text())]
+    return [command for command in dict.fromkeys(found) if not runs_the_test_suite(command)]
+
+
+def shown(prefix: str) -> str:
+    """The one shown command that starts with ``prefix`` (the docs are the source of the text run)."""
+    found = [command for command in shown_commands() if command.startswith(prefix)]
+    assert len(found) == 1, f"the docs show {len(found)} commands starting with {prefix!r}"
     return found[0]
 
 
 def run(command: str, cwd: Path, monkeypatch, extra: list[str] = (), replace: dict[str, str] | None = None) -> int:
-    """Run a README command through its entry point in this process; its exit status."""
+    """Run a shown command through its entry point in this process; its exit status."""
     for placeholder, value in (replace or {}).items():
         command = command.replace(placeholder, value)
     words = shlex.split(command)
@@ -98,6 +138,29 @@ def app_overrides(command: str) -> list[str]:
     return ([] if "experiment=smoke" in command else SMALL_MODEL) + SMALL
 
 
+def composed_cells(command: str, extra: list[str] = ()) -> list:
+    """The config of every cell a ``python -m mars_bench`` command runs, composed as the app composes
+    it (a sweep's cells as Hydra's basic sweeper makes them: the experiment's ``hydra.sweeper.params``,
+    then the command line), each held to every check the app makes before any model loads."""
+    words = shlex.split(command)[3:]
+    overrides = [word for word in words if word != "-m"] + list(extra)
+    check_override_keys(overrides)  # what the app's entry point refuses before Hydra composes
+    check_slurm_sweep(overrides)
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [override.input_line for override in parsed if not override.is_sweep_override()]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        if "-m" in words:
+            params = compose(config_name="config", overrides=fixed, return_hydra_config=True).hydra.sweeper.params or {}
+            every = OverridesParser.create().parse_overrides([f"{key}={value}" for key, value in params.items()] + overrides)
+            cells = BasicSweeper.split_arguments(every, max_batch_size=None)[0]
+        else:
+            cells = [overrides]
+        configs = [compose(config_name="config", overrides=list(cell)) for cell in cells]
+    for cfg in configs:
+        check_run_config(cfg)
+    return configs
+
+
 def index_entries(report: Path) -> tuple[set[str], set[str]]:
     """(files the analysis made, what it skipped), from its index.md."""
     made, skipped = set(), set()
@@ -108,29 +171,35 @@ def index_entries(report: Path) -> tuple[set[str], set[str]]:
     return made, skipped
 
 
+def cells_below(sweep: Path) -> list[Path]:
+    """A sweep's cell folders, in job order (the shared baselines' folder left out)."""
+    cells = [path.parent for path in sweep.rglob("records.jsonl") if path.parent.name != "baselines"]
+    return sorted(cells, key=lambda cell: (int(cell.name.split("_")[0]), cell.name))
+
+
 MAIN = "python -m mars_bench"  # the embedded default: the README shows it alone
 
 
 def test_run_then_analyse_then_rescore(tmp_path, monkeypatch):
-    assert MAIN in readme_commands()
+    assert MAIN in shown_commands()
     assert run(MAIN, tmp_path, monkeypatch, app_overrides(MAIN)) == 0
     records = next((tmp_path / "runs").rglob("records.jsonl"))
     assert len(list(read_rows(records))) == 4  # 2 prompts x (baseline, mars)
 
-    assert run(readme("python -m analysis runs"), tmp_path, monkeypatch) == 0
-    report = tmp_path / readme("python -m analysis runs").split("--out ")[1]
+    assert run(shown("python -m analysis runs"), tmp_path, monkeypatch) == 0
+    report = tmp_path / shown("python -m analysis runs").split("--out ")[1]
     made, skipped = index_entries(report)
     assert {"records.parquet", "settings.md", "table1.md", "table1.tex", "quality.md", "pareto.png", "alpha_per_depth.png",
             "margin_histograms.png", "acceptance_by_margin.png"} <= made  # fmt: skip
     assert skipped == {"threshold ablation", "shadow", "fidelity"}  # one theta; no shadow verifiers; fidelity off
     assert "/tmp" not in (report / "index.md").read_text()  # it names no folder of this machine
 
-    assert run(readme("python -m mars_bench.bench.rescore"), tmp_path, monkeypatch) == 0
+    assert run(shown("python -m mars_bench.bench.rescore"), tmp_path, monkeypatch) == 0
     assert all(row["score"] is not None for row in read_rows(records))
 
 
 def test_the_smoke_command(smoke_run):
-    assert readme("python -m mars_bench experiment=smoke") == "python -m mars_bench experiment=smoke"
+    assert shown("python -m mars_bench experiment=smoke") == "python -m mars_bench experiment=smoke"
     result, out = smoke_run  # run once for the session with 2 prompts, 12 new tokens (conftest.SMOKE)
     assert result.returncode == 0, result.stderr
     rows = list(read_rows(out / "records.jsonl"))
@@ -138,18 +207,61 @@ def test_the_smoke_command(smoke_run):
 
 
 @pytest.mark.parametrize(
-    "prefix",
+    ("prefix", "drafter", "verifier", "temperature"),
     [
-        "python -m mars_bench verifier=rejection",
-        "python -m mars_bench temperature=0 verifier=exact drafter=lookup",
-        "python -m mars_bench drafter=model_tree",
+        ("python -m mars_bench verifier=rejection", "model", "rejection", 1.0),
+        ("python -m mars_bench temperature=0 verifier=exact drafter=lookup", "lookup", "exact", 0.0),
+        ("python -m mars_bench drafter=model_tree", "model_tree", "mars", 1.0),
     ],
 )
-def test_each_single_run_command(prefix, tmp_path, monkeypatch):
-    command = readme(prefix)
-    assert run(command, tmp_path, monkeypatch, app_overrides(command)) == 0
-    rows = list(read_rows(next((tmp_path / "runs").rglob("records.jsonl"))))
-    assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
+def test_each_single_run_command_differs_from_the_main_one_only_in_configuration(prefix, drafter, verifier, temperature):
+    """The main command runs above; these name another verifier or drafter, composed and checked."""
+    for model in ([], SMALL_MODEL):  # as typed (the embedded pair), and with the small model the runs here use
+        (cfg,) = composed_cells(shown(prefix), model)
+        assert (cfg.drafter.name, cfg.verifier.name, cfg.temperature) == (drafter, verifier, temperature)
+
+
+ABLATION_STRICT = "python -m mars_bench -m experiment=threshold_ablation verifier=rejection"
+ABLATION = "python -m mars_bench -m experiment=threshold_ablation hydra.sweep.dir=DIR"
+ABLATION_ANALYSIS = "python -m analysis DIR --out"
+THETAS = (0.84, 0.88, 0.9, 0.94, 0.98)
+
+
+@pytest.fixture(scope="module")
+def ablation(tmp_path_factory) -> Path:
+    """The paper's threshold ablation as a user runs it: its strict reference, then its thetas, into one
+    folder (``DIR``), on one HumanEval prompt; then its analysis. The working folder."""
+    work = tmp_path_factory.mktemp("ablation")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for command in (shown(ABLATION_STRICT), shown(ABLATION)):
+            assert run(command, work, monkeypatch, [*app_overrides(command), *ONE_TASK]) == 0
+        assert run(shown(ABLATION_ANALYSIS), work, monkeypatch) == 0
+    return work
+
+
+def test_the_papers_threshold_ablation_then_its_analysis(ablation):
+    strict, sweep = composed_cells(shown(ABLATION_STRICT)), composed_cells(shown(ABLATION))
+    assert [(cfg.task.name, cfg.verifier.name) for cfg in strict] == [("humaneval", "rejection"), ("gsm8k", "rejection")]
+    assert [(cfg.task.name, cfg.verifier.theta) for cfg in sweep] == [(task, theta) for theta in THETAS
+                                                                      for task in ("humaneval", "gsm8k")]  # fmt: skip
+    assert all(list(cfg.shadow) == ["rejection", "mars"] and cfg.temperature == 1.0 for cfg in strict + sweep)
+    cells = cells_below(ablation / "DIR")
+    assert len(cells) == 1 + 5  # the strict cell, then 5 thetas, on the one task run here
+    baselines = []
+    for cell in cells:
+        rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
+        method = rows["rejection" if "rejection" in cell.name else "mars"]
+        theta = theta_of(method) or 0.9  # shadows take the cell's verifier.theta (0.9 in the strict command)
+        assert list(method["shadow_accepted"]) == ["rejection", f"mars(theta={theta},guard=never,correction=residual)"]
+        assert all(len(kept) == len(method["step_accepted"]) for kept in method["shadow_accepted"].values())
+        baselines.append(rows["baseline"])
+    assert [row["baseline_from"] is None for row in baselines].count(True) == 1  # decoded once, by the first cell, then copied
+    assert len({(tuple(row["output_ids"]), row["decode_s"]) for row in baselines}) == 1
+    made, skipped = index_entries(ablation / shown(ABLATION_ANALYSIS).split("--out ")[1])
+    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and skipped == {"fidelity"}
+
+
+THRESHOLD_SWEEP = "python -m mars_bench -m verifier=mars"
 
 
 def theta_of(row: dict) -> float | None:
@@ -157,44 +269,24 @@ def theta_of(row: dict) -> float | None:
     return parse_setting(row["verifier_setting"]).get("theta")
 
 
-def test_a_threshold_sweep_then_its_analysis(tmp_path, monkeypatch):
-    sweep = readme("python -m mars_bench -m verifier=mars")
-    assert run(sweep, tmp_path, monkeypatch, [*app_overrides(sweep), "task.num_prompts=1"]) == 0
-    cells = sorted(path.parent for path in (tmp_path / "SWEEP").rglob("records.jsonl"))  # the README's hydra.sweep.dir
-    thetas = (0.84, 0.88, 0.9, 0.94, 0.98)
-    assert [cell.name for cell in cells] == [f"{i}_humaneval_mars_theta{theta}_t1.0" for i, theta in enumerate(thetas)]
-    for cell, theta in zip(cells, thetas):
+def test_a_threshold_sweep_then_its_analysis(ablation):
+    """The README's own sweep differs from the ablation's thetas only in its configuration (no shadows,
+    no shared baselines); its cells are composed, and the ablation run shows how such a sweep's cells are
+    named and what its analysis makes."""
+    cells = composed_cells(shown(THRESHOLD_SWEEP))
+    assert [(cfg.task.name, cfg.verifier.name, cfg.verifier.theta) for cfg in cells] == [
+        ("humaneval", "mars", theta) for theta in THETAS]  # fmt: skip
+    assert all(not cfg.shadow and cfg.baseline_cache is None for cfg in cells)
+    assert "hydra.sweep.dir=SWEEP" in shown(THRESHOLD_SWEEP)
+    ran = [cell for cell in cells_below(ablation / "DIR") if "_mars_" in cell.name]  # the same thetas, on HumanEval
+    assert [cell.name for cell in ran] == [f"{i}_humaneval_mars_theta{theta}_t1.0" for i, theta in enumerate(THETAS)]
+    for cell, theta in zip(ran, THETAS):
         rows = list(read_rows(cell / "records.jsonl"))
         assert sorted(r["method"] for r in rows) == ["baseline", "mars"] and {theta_of(r) for r in rows} == {theta}
-    analyse = readme("python -m analysis SWEEP")
-    assert run(analyse, tmp_path, monkeypatch) == 0
-    made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
+    analyse = shown("python -m analysis SWEEP")
+    assert analyse.replace("SWEEP", "DIR") == shown(ABLATION_ANALYSIS)  # the analysis run on the ablation above
+    made, _ = index_entries(ablation / shown(ABLATION_ANALYSIS).split("--out ")[1])
     assert {"settings.md", "table1.md", "threshold_ablation.png", "pareto.png", "quality.md"} <= made
-    assert skipped == {"shadow", "fidelity"}
-
-
-def test_the_papers_threshold_ablation_then_its_analysis(tmp_path, monkeypatch):
-    strict = readme("python -m mars_bench -m experiment=threshold_ablation verifier=rejection")
-    sweep = readme("python -m mars_bench -m experiment=threshold_ablation hydra.sweep.dir=DIR")
-    for command in (strict, sweep):
-        assert run(command, tmp_path, monkeypatch, [*app_overrides(command), "task.num_prompts=1"]) == 0
-    cells = sorted(path.parent for path in (tmp_path / "DIR").rglob("records.jsonl") if path.parent.name != "baselines")
-    assert len(cells) == 2 + 10  # strict x 2 tasks, then 5 thetas x 2 tasks
-    baselines = {}
-    for cell in cells:
-        rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
-        method = rows["rejection" if "rejection" in cell.name else "mars"]
-        theta = theta_of(method) or 0.9  # shadows take the cell's verifier.theta (0.9 in the strict command)
-        assert list(method["shadow_accepted"]) == ["rejection", f"mars(theta={theta},guard=never,correction=residual)"]
-        assert all(len(kept) == len(method["step_accepted"]) for kept in method["shadow_accepted"].values())
-        baselines.setdefault(rows["baseline"]["task"], []).append(rows["baseline"])
-    for task, rows in baselines.items():  # each task's baseline decoded once, by the first cell, then copied
-        assert [row["baseline_from"] is None for row in rows].count(True) == 1, task
-        assert len({(tuple(row["output_ids"]), row["decode_s"]) for row in rows}) == 1, task
-    analyse = readme("python -m analysis DIR --out")
-    assert run(analyse, tmp_path, monkeypatch) == 0
-    made, skipped = index_entries(tmp_path / analyse.split("--out ")[1])
-    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and skipped == {"fidelity"}
 
 
 def fidelity_of(row: dict) -> dict[str, dict]:
@@ -205,75 +297,89 @@ def fidelity_of(row: dict) -> dict[str, dict]:
     return row["fidelity"]
 
 
-def test_the_zoo_then_its_frontier(tmp_path, monkeypatch):
-    zoo = readme("python -m mars_bench -m experiment=zoo")
-    assert run(zoo, tmp_path, monkeypatch, [*app_overrides(zoo), "task.num_prompts=1"]) == 0
-    cells = sorted(path.parent for path in (tmp_path / "ZOO").rglob("records.jsonl") if path.parent.name != "baselines")
-    assert [cell.name.split("_")[1] for cell in cells] == ["humaneval", "gsm8k", "mt"]
-    for cell in cells:
-        (method,) = [row for row in read_rows(cell / "records.jsonl") if row["method"] == "rejection"]
-        costs = fidelity_of(method)
-        assert list(costs)[0] == "rejection" and len(costs) == 21 and method["turn"] == 1
-        assert costs["rejection"]["kl"] < 1e-6 and costs["rejection"]["tv"] < 1e-5
-    analyse = readme("python -m analysis ZOO")
-    assert run(analyse, tmp_path, monkeypatch) == 0
-    made, _ = index_entries(tmp_path / analyse.split("--out ")[1])
-    assert {"frontier.png", "fidelity.md", "fidelity.csv", "shadow.md"} <= made
+ZOO = "python -m mars_bench -m experiment=zoo"
 
 
-def test_the_decomposition_then_its_table(tmp_path, monkeypatch):
-    steps = readme("python -m mars_bench -m experiment=decomposition")
-    assert run(steps, tmp_path, monkeypatch, [*app_overrides(steps), "task.num_prompts=1"]) == 0
-    cells = sorted((path.parent for path in (tmp_path / "DECOMP").rglob("records.jsonl") if path.parent.name != "baselines"),
-                   key=lambda cell: int(cell.name.split("_")[0]))  # fmt: skip
-    methods = [(row["verifier"], theta_of(row)) for cell in cells for row in read_rows(cell / "records.jsonl")
-               if row["method"] != "baseline"]  # fmt: skip
-    assert methods[::3] == [("rejection", None), ("mars_ref", None), ("mars", 0.9), ("mars_ref", 0.9)]
-    for cell in cells:
-        rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
-        (method,) = [row for name, row in rows.items() if name != "baseline"]
-        assert method["drafter"] == "model_tree" and len(fidelity_of(method)) == 1
-    analyse = readme("python -m analysis DECOMP")
-    assert run(analyse, tmp_path, monkeypatch) == 0
-    made, _ = index_entries(tmp_path / analyse.split("--out ")[1])
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> Path:
+    """The verifier zoo on one HumanEval prompt (``ZOO``), then its analysis. The working folder."""
+    work = tmp_path_factory.mktemp("zoo")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert run(shown(ZOO), work, monkeypatch, [*app_overrides(shown(ZOO)), *ONE_TASK]) == 0
+        assert run(shown("python -m analysis ZOO"), work, monkeypatch) == 0
+    return work
+
+
+def test_the_zoo_then_its_frontier(zoo):
+    composed = composed_cells(shown(ZOO))
+    assert [cfg.task.name for cfg in composed] == ["humaneval", "gsm8k", "mt_bench"]
+    assert all(cfg.verifier.name == "rejection" and cfg.fidelity and cfg.task.max_turns == 1 for cfg in composed)
+    labels = ["rejection", *shadow_verifiers(composed[0])]
+    (cell,) = cells_below(zoo / "ZOO")
+    assert cell.name.split("_")[1] == "humaneval"
+    (method,) = [row for row in read_rows(cell / "records.jsonl") if row["method"] == "rejection"]
+    costs = fidelity_of(method)
+    assert list(costs) == labels and len(costs) == 21 and method["turn"] == 1
+    assert costs["rejection"]["kl"] < 1e-6 and costs["rejection"]["tv"] < 1e-5
+    made, _ = index_entries(zoo / shown("python -m analysis ZOO").split("--out ")[1])
+    assert {"frontier.png", "fidelity.md", "fidelity.csv", "shadow.md", "decomposition.md", "decomposition.csv"} <= made
+
+
+def test_the_decomposition_differs_from_the_zoo_only_in_its_configuration(zoo):
+    """Its four cells per task, composed; the zoo's run above makes the same analysis files from fidelity records."""
+    cells = composed_cells(shown("python -m mars_bench -m experiment=decomposition"))
+    assert [cfg.task.name for cfg in cells] == ["humaneval", "gsm8k", "mt_bench"] * 4
+    steps = [(cfg.verifier.name, verifier_params(cfg.verifier).get("theta")) for cfg in cells[::3]]
+    assert steps == [("rejection", None), ("mars_ref", None), ("mars", 0.9), ("mars_ref", 0.9)]
+    assert all(cfg.drafter.name == "model_tree" and cfg.fidelity and not cfg.shadow for cfg in cells)
+    analyse = shown("python -m analysis DECOMP")
+    assert analyse.replace("DECOMP", "ZOO") == shown("python -m analysis ZOO")
+    made, _ = index_entries(zoo / shown("python -m analysis ZOO").split("--out ")[1])
     assert {"decomposition.md", "decomposition.csv", "fidelity.md"} <= made
 
 
-def test_a_single_run_with_fidelity(tmp_path, monkeypatch):
-    command = readme("python -m mars_bench fidelity=true")
-    assert run(command, tmp_path, monkeypatch, app_overrides(command)) == 0
-    rows = list(read_rows(next((tmp_path / "runs").rglob("records.jsonl"))))
-    for row in (row for row in rows if row["method"] == "mars"):
+def test_a_single_run_with_fidelity(zoo):
+    (cfg,) = composed_cells(shown("python -m mars_bench fidelity=true"))
+    live = plugin_label(cfg.verifier.name, get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier)).params)
+    assert cfg.fidelity and [live, *shadow_verifiers(cfg)] == ["mars(theta=0.9,guard=never,correction=residual)", "rejection"]
+    (cell,) = cells_below(zoo / "ZOO")  # a run with fidelity records, per position, what its live verifier judged
+    for row in (row for row in read_rows(cell / "records.jsonl") if row["method"] != "baseline"):
         costs = fidelity_of(row)
-        assert list(costs) == ["mars(theta=0.9,guard=never,correction=residual)", "rejection"]
         assert len(row["position_kl"]) == len(row["margins"]) == costs[next(iter(costs))]["judged"]
 
 
-@pytest.mark.parametrize("prefix", ["python -m mars_bench -m experiment=table1", "python -m mars_bench model=llama3.1-8b",
-                                    "python -m mars_bench model=qwen3-32b"])  # fmt: skip
+LARGE_TARGETS = ["python -m mars_bench -m experiment=table1 model=qwen3-8b", "python -m mars_bench model=llama3.1-8b",
+                 "python -m mars_bench model=qwen3-32b"]  # fmt: skip
+TABLE1_TASKS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnndm")
+TABLE1_CELLS = [(task, verifier) for task in TABLE1_TASKS for verifier in ("rejection", "mars")]
+
+
+@pytest.mark.parametrize("prefix", LARGE_TARGETS)
 def test_large_target_commands_compose_and_pass_every_check(prefix):
-    words = shlex.split(readme(prefix))[3:]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=[word for word in words if word != "-m"])
-    check_run_config(cfg)
-    assert LARGE.search(readme(prefix))
+    cells = composed_cells(shown(prefix))
+    assert LARGE.search(shown(prefix)) and all(cfg.model.name == shown(prefix).split("model=")[1].split()[0] for cfg in cells)
 
 
 CLUSTER_SWEEP = "python -m mars_bench -m hydra/launcher=slurm"
 
 
 def paper_targets() -> list[str]:
-    """The models the README's cluster recipe loops over."""
-    return re.search(r"for model in ([^;]+); do", README).group(1).split()
+    """The models the cluster recipe loops over."""
+    page = (REPO / "docs" / "clusters.md").read_text()
+    return re.search(r"for model in ([^;]+); do", page).group(1).split()
 
 
 def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jobs(tmp_path, monkeypatch):
     from test_cluster import sbatch_script, slurm_config
 
     assert paper_targets() == ["vicuna-13b", "llama3.1-8b", "llama3.3-70b", "qwen3-8b", "qwen3-32b", "qwen3-235b-a22b"]
+    first = shown(CLUSTER_SWEEP).replace("$model", paper_targets()[0]).removesuffix("&")
+    assert [(cfg.task.name, cfg.verifier.name) for cfg in composed_cells(first)] == TABLE1_CELLS  # one target's every cell
     for model in paper_targets():
-        words = shlex.split(readme(CLUSTER_SWEEP).replace("$model", model).removesuffix("&"))[3:]
+        words = shlex.split(shown(CLUSTER_SWEEP).replace("$model", model).removesuffix("&"))[3:]
         overrides = [w for w in words if w not in ("-m", "hydra/launcher=slurm") and not w.startswith("hydra.sweep.dir=")]
+        check_override_keys(words)
+        check_slurm_sweep(words)
         cfg = slurm_config(tmp_path / model, *overrides)
         check_run_config(cfg)
         assert LARGE.search(" ".join(words)) and cfg.model.name == model and cfg.drafter.name == "eagle3"
@@ -283,34 +389,49 @@ def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jo
 @needs_shared_data  # Alpaca and CNN/DM prompts come from ../shared/data (or the Hub)
 def test_the_cluster_recipe_then_its_table1(tmp_path, monkeypatch):
     """The recipe's sweep for one target (SmolLM2 drafting for itself, in this process rather than on
-    SLURM, one prompt per task), then the recipe's analysis over the folder of every sweep."""
-    sweep = readme(CLUSTER_SWEEP).replace("$model", "smollm2-135m").removesuffix("&")
+    SLURM, one prompt per task, the MARS cell of each: the strict ones are composed above), then the
+    recipe's analysis over the folder of every sweep."""
+    sweep = shown(CLUSTER_SWEEP).replace("$model", "smollm2-135m").removesuffix("&")
     sweep = sweep.replace("hydra/launcher=slurm ", "").replace("drafter=eagle3", "drafter=model")
-    assert run(sweep, tmp_path, monkeypatch, [f"model.draft_model={SMOLLM}", *SMALL, "task.num_prompts=1"]) == 0
-    assert len(list((tmp_path / "table1" / "smollm2-135m").glob("*/records.jsonl"))) == 10  # 5 tasks x 2 verifiers
-    analyse = readme("python -m analysis table1")
+    small = [f"model.draft_model={SMOLLM}", *SMALL, "task.num_prompts=1", "verifier=mars"]
+    assert run(sweep, tmp_path, monkeypatch, small) == 0
+    assert len(list((tmp_path / "table1" / "smollm2-135m").glob("*/records.jsonl"))) == 5  # 5 tasks
+    analyse = shown("python -m analysis table1")
     assert run(analyse, tmp_path, monkeypatch) == 0
     table = (tmp_path / "table1" / "analysis" / "table1.md").read_text()
-    assert all(task in table for task in ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnndm"))
+    assert all(task in table for task in TABLE1_TASKS)
 
 
-@needs_shared_data  # its task file reads ../shared/data/gsm8k/question.jsonl, as the README says
-def test_the_lm_eval_example_from_the_repository(monkeypatch, capsys):
-    command = readme("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 mars-bench-lm-eval")
+def test_the_lm_eval_example_from_a_bare_clone(monkeypatch, capsys):
+    """No ../shared, no $MARS_BENCH_DATA: the example's questions come from the pinned GSM8K package, and the
+    run ends with its decodes' tok/s, tau and acceptance."""
+    from mars_bench.tasks import providers
+
+    monkeypatch.setattr(providers, "data_dirs", lambda data_dir: [])  # a clone with no prompt files beside it
+    command = shown("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 mars-bench-lm-eval")
     assert "--limit 5" in command
-    assert run(command, REPO, monkeypatch, ["--gen_kwargs", "max_gen_toks=16"], {"--limit 5": "--limit 1"}) == 0
-    output = capsys.readouterr().out
-    assert "|gsm8k_local|" in output and "exact_match" in output
+    assert run(command, REPO, monkeypatch, ["--gen_kwargs", "max_gen_toks=12"], {"--limit 5": "--limit 1"}) == 0
+    out, err = capsys.readouterr()
+    assert "|gsm8k_local|" in out and "exact_match" in out
+    assert re.search(r"mars_bench: 1 requests, \d+ new tokens in [\d.]+ s \([\d.]+ tok/s\), tau [\d.]+, acceptance ", err)
 
 
 PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "8",
               "--data-dir", str(SHARED_DATA)]  # fmt: skip
+PERF_TWO_REPEATS = "python -m mars_bench.perf --repeats 2"
 
 
-def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(tmp_path, monkeypatch, capsys):
-    command = readme("python -m mars_bench.perf --repeats 2")
-    assert run(command, tmp_path, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0
-    out = tmp_path / "perf_out"
+@pytest.fixture(scope="module")
+def perf_run(tmp_path_factory) -> Path:
+    """The perf suite's two-repeat command on two GSM8K prompts: its output folder."""
+    work = tmp_path_factory.mktemp("perf")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert run(shown(PERF_TWO_REPEATS), work, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0
+    return work / "perf_out"
+
+
+def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(perf_run, tmp_path, monkeypatch, capsys):
+    out = perf_run
     report = json.loads((out / "perf.json").read_text())
     assert report["repeats_done"] == 2 and not list(out.glob(".*.tmp"))  # rewritten whole after each repeat
     assert report["prompt_tasks"] == ["gsm8k", "gsm8k"]
@@ -343,89 +464,151 @@ def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(t
     tables = (out / "perf.md").read_text()
     assert "| T=0 ours AR baseline | T=0 transformers generate |" in tables and "| gsm8k " in tables
     capsys.readouterr()
-    assert run(readme("python -m mars_bench.perf.report"), tmp_path, monkeypatch) == 0
+    assert run(shown("python -m mars_bench.perf.report"), out.parent, monkeypatch) == 0
     assert capsys.readouterr().out.startswith(tables)  # the same tables again, from perf.json alone
 
 
-@pytest.mark.parametrize(("prefix", "tasks"), [("python -m mars_bench.perf --draft-length", ["--tasks", "gsm8k"]),
-                                               ("python -m mars_bench.perf --tasks mt_bench --draft-length", [])])  # fmt: skip
-def test_the_drafter_configurations_run_each_length_policy_with_each_draft_vocabulary(prefix, tasks, tmp_path, monkeypatch):
-    command = readme(prefix)
-    counts = tmp_path / "counts.npy"
-    np.save(counts, np.arange(49152)[::-1])  # a user's count file: here the lowest ids are the most frequent
-    small = [*PERF_SMALL, *tasks, "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
-    assert run(command, tmp_path, monkeypatch, small) == 0
-    out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
-    report = json.loads((out / "perf.json").read_text())
-    lengths, vocabs = report["settings"]["draft_lengths"], report["settings"]["draft_vocabs"]
-    assert len(lengths) == 3 and None in vocabs and len(vocabs) == 2
-    chains = [row for row in report["results"].values() if row["config"] is not None]
-    assert sorted((row["config"]["length"], row["config"]["vocab"] or 0) for row in chains) == sorted(
-        (length, vocab or 0) for length in lengths for vocab in vocabs)  # fmt: skip
-    assert set(report["analytic"]["speedup_over_our_baseline"]) == {row["method"] for row in chains}
-    reduced = [vocab for vocab in report["analytic"]["costs"]["drafter"] if vocab != "None"]
-    assert reduced == [str(vocabs[1])]  # one-token drafter forwards measured for the reduced head too
+def perf_settings(prefix: str):
+    """A shown perf-suite command's settings, as its option parser reads and checks them before any model loads."""
+    settings, out = perf_options(shlex.split(shown(prefix))[3:])
+    return settings, out
 
 
-def test_the_temperature_1_run_times_the_configurations_it_names_one_by_one(tmp_path, monkeypatch):
-    counts = tmp_path / "counts.npy"
-    np.save(counts, np.arange(49152)[::-1])
-    small = [*PERF_SMALL, "--tasks", "gsm8k", "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
-    assert run(readme("python -m mars_bench.perf --configs fixed"), tmp_path, monkeypatch, small) == 0
-    out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
-    report = json.loads((out / "perf.json").read_text())
-    assert set(report["results"]) == {"T=1 ours AR baseline", "T=1 transformers assisted generation",
-                                      "T=1 ours chain rejection, fixed", "T=1 ours chain rejection, confidence + vocab 32768"}
-    assert set(report["analytic"]["speedup_over_our_baseline"]) == {"T=1 ours chain rejection, fixed",
-                                                                    "T=1 ours chain rejection, confidence + vocab 32768"}
-    assert "drafter configurations fixed, confidence + vocab 32768, 1 of 1 repeats" in (out / "perf.md").read_text()
+def chain_methods(settings) -> set[str]:
+    return {method.name for method in methods_for(settings) if method.config is not None}
 
 
-GSM8K_ONLY = ["--tasks", "gsm8k"]
+CODE_TASKS, PROSE_TASKS = ("humaneval", "gsm8k"), ("mt_bench",)
+
+
+@pytest.mark.parametrize(("prefix", "tasks"), [
+    ("python -m mars_bench.perf --draft-length", CODE_TASKS),
+    ("python -m mars_bench.perf --tasks mt_bench --draft-length", PROSE_TASKS),
+])  # fmt: skip
+def test_the_drafter_configurations_run_each_length_policy_with_each_draft_vocabulary(prefix, tasks, perf_run):
+    settings, _ = perf_settings(prefix)
+    assert settings.draft_lengths == ("fixed", "schedule", "confidence") and settings.draft_vocabs == (None, 32768)
+    lengths, vocabs = settings.draft_lengths, settings.draft_vocabs
+    assert settings.configs() == [DraftConfig(length, vocab) for length in lengths for vocab in vocabs]
+    assert settings.tasks == tasks and settings.temperatures == (0.0,) and settings.repeats == 2
+    assert chain_methods(settings) == {f"T=0 ours chain exact, {config.name}" for config in settings.configs()}
+    assert {config.drafter_key for config in settings.configs()} == {"None", "32768"}  # the reduced head's forward timed too
+    report = json.loads((perf_run / "perf.json").read_text())  # the run above, as this command's report would open
+    assert "draft lengths fixed, schedule, confidence, draft vocabularies all, 32768" in perf_header(
+        {**report, "settings": asdict(settings)})  # fmt: skip
+
+
+def test_the_temperature_1_run_times_the_configurations_it_names_one_by_one(perf_run):
+    settings, _ = perf_settings("python -m mars_bench.perf --configs fixed")
+    assert {method.name for method in methods_for(settings)} == {
+        "T=1 ours AR baseline", "T=1 transformers assisted generation",
+        "T=1 ours chain rejection, fixed", "T=1 ours chain rejection, confidence + vocab 32768"}  # fmt: skip
+    assert chain_methods(settings) == {"T=1 ours chain rejection, fixed", "T=1 ours chain rejection, confidence + vocab 32768"}
+    report = json.loads((perf_run / "perf.json").read_text())
+    assert "drafter configurations fixed, confidence + vocab 32768, 2 of 2 repeats" in perf_header(
+        {**report, "settings": asdict(settings)})  # fmt: skip
 
 
 @pytest.mark.parametrize(("prefix", "chain", "tasks"), [
-    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 0", "T=0 ours chain exact", GSM8K_ONLY),
-    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 1", "T=1 ours chain rejection", GSM8K_ONLY),
-    ("python -m mars_bench.perf --tasks mt_bench --configs", "T=0 ours chain exact", []),
+    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 0", "T=0 ours chain exact", CODE_TASKS),
+    ("python -m mars_bench.perf --configs confidence:32768:int4 --temperatures 1", "T=1 ours chain rejection", CODE_TASKS),
+    ("python -m mars_bench.perf --tasks mt_bench --configs", "T=0 ours chain exact", PROSE_TASKS),
 ])  # fmt: skip
-def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature_and_on_mt_bench(
-        prefix, chain, tasks, tmp_path, monkeypatch):  # fmt: skip
-    counts = tmp_path / "counts.npy"
-    np.save(counts, np.arange(49152)[::-1])
-    small = [*PERF_SMALL, *tasks, "--num-prompts", "1", "--token-counts", str(counts), "--repeats", "1"]
-    assert run(readme(prefix), tmp_path, monkeypatch, small) == 0
-    out = next(path for path in tmp_path.iterdir() if (path / "perf.json").is_file())
-    report = json.loads((out / "perf.json").read_text())
+def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperature_and_on_mt_bench(prefix, chain, tasks):
+    settings, _ = perf_settings(prefix)
     chain += ", confidence + vocab 32768 + int4 weights"
-    assert chain in report["results"] and set(report["analytic"]["speedup_over_our_baseline"]) == {chain}
-    assert list(report["analytic"]["costs"]["drafter"]) == ["32768:int4"]  # the quantized drafter's own forward cost
-    assert report["results"][chain]["config"] == {"length": "confidence", "vocab": 32768, "weights": "int4"}
-    assert list(report["settings"]["tasks"]) == (tasks[1:] or ["mt_bench"])
+    assert chain_methods(settings) == {chain} and settings.tasks == tasks
+    assert settings.configs() == [DraftConfig("confidence", 32768, "int4")]
+    assert [config.drafter_key for config in settings.configs()] == ["32768:int4"]  # the quantized drafter's own forward cost
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():
-    settings, out = perf_options(shlex.split(readme("python -m mars_bench.perf --out"))[3:])
-    two, _ = perf_options(shlex.split(readme("python -m mars_bench.perf --repeats 2"))[3:])
+    settings, out = perf_settings("python -m mars_bench.perf --out")
+    two, _ = perf_settings(PERF_TWO_REPEATS)
     assert settings.repeats == 3 and settings == replace(two, repeats=3) and out == Path("perf_out")
 
 
-def test_every_readme_command_is_run_by_a_test_here():
-    """A new README command needs a journey above (the analysis's synopsis line is its usage, and the
-    Quick start lines are the main command and CI's)."""
+def test_every_shown_command_is_run_or_composed_by_a_test_here():
+    """A new command in the README or a docs page needs a journey above (the analysis's synopsis line is
+    its usage, and the Quick start lines are the main command and CI's)."""
     source = Path(__file__).read_text()
     literals = {prefix.rstrip() for prefix in re.findall(r'"((?:python -m |HF_HUB_OFFLINE)[^"]*)"', source)}
     selectors = literals - {MAIN}
-    for command in readme_commands():
+    for command in shown_commands():
         if "pip install" in command or "[DIR ...]" in command or command == MAIN:
             continue
         assert any(command == s or command.startswith(s + " ") for s in selectors), f"no test runs: {command}"
 
 
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Parsed(Exception):
+    """Raised with the arguments a command's own parser read, before the command does anything."""
+
+
+def parsed_arguments(main, argv: list[str], monkeypatch) -> argparse.Namespace:
+    """``argv`` as the command's own argparse parser reads it (a bad one exits with its usage error)."""
+    read = argparse.ArgumentParser.parse_args
+
+    def read_then_stop(parser, args=None, namespace=None):
+        raise Parsed(read(parser, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", read_then_stop)
+    with pytest.raises(Parsed) as parsed:
+        main(argv)
+    monkeypatch.undo()
+    return parsed.value.args[0]
+
+
+def results_commands() -> list[tuple[str, str]]:
+    return [(str(page.parent.relative_to(REPO)), command) for page in RESULTS for command in shell_commands(page.read_text())]
+
+
+@pytest.mark.parametrize(("folder", "command"), results_commands())
+def test_every_command_a_results_folder_shows_is_a_shown_command_or_is_checked_here(folder, command, monkeypatch):
+    """A results folder's README gives the command that made its files: a docs command, or one that
+    differs from one in its configuration or folders, composed or read by its own parser here."""
+    if command in shown_commands():
+        return
+    words = shlex.split(command)
+    while "=" in words[0]:  # VAR=value prefixes (PYTHONPATH of the code measured)
+        words.pop(0)
+    if words[:3] == ["python", "-m", "mars_bench"]:
+        assert composed_cells(command)
+    elif words[:3] == ["python", "-m", "mars_bench.perf"]:
+        perf_options(words[3:])
+    elif words[:3] == ["python", "-m", "mars_bench.bench.rescore"]:
+        from mars_bench.bench.rescore import main
+
+        assert parsed_arguments(main, words[3:], monkeypatch).folders
+    elif words[:3] == ["python", "-m", "analysis"]:
+        monkeypatch.syspath_prepend(str(REPO))
+        from analysis.__main__ import main
+
+        assert parsed_arguments(main, words[3:], monkeypatch).out
+    elif words[0] == "python" and words[1].startswith("benchmarks/"):
+        script = REPO / words[1]
+        assert parsed_arguments(load_script(script).main, words[2:], monkeypatch)
+    else:
+        pytest.fail(f"{folder}/README.md shows a command no test checks: {command}")
+
+
 def test_ci_runs_the_readme_test_command():
-    quick_start = [command for command in readme_commands() if "pip install" in command]
+    quick_start = [command for command in shell_commands(README) if "pip install" in command]
     assert len(quick_start) == 2 and quick_start[0].endswith("&& python -m mars_bench")
     assert quick_start[1] in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_links_every_docs_page_and_stays_short():
+    assert len(README.splitlines()) <= 300
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", README))
+    pages = {f"docs/{page.name}" for page in (REPO / "docs").glob("*.md")} | {"docs/testing.md"}
+    assert pages <= linked, f"not linked from the README: {sorted(pages - linked)}"
 
 
 def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_loads():
