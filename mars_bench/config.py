@@ -282,7 +282,7 @@ def check_override_keys(overrides: list[str]) -> None:
 def check_slurm_sweep(overrides: list[str]) -> None:
     """Refuse, in one line, a sweep over ``model`` or ``model.resources.*`` under ``hydra/launcher=slurm``:
     Hydra sizes every job of a sweep from one composition, so each target would get the first one's
-    GPUs and memory. One sweep per target is right (the README's Table 1 recipe)."""
+    GPUs and memory. One sweep per target is right (the Table 1 recipe in docs/clusters.md)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 

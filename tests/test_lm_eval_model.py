@@ -1,6 +1,6 @@
 """The lm-eval model: the draft length is set as in the app (fixed, schedule, confidence), checked
 before any model loads, and speculative decoding under it stays the target's greedy decode.
-(The README's lm-eval command runs in test_readme.py.)"""
+(The docs' lm-eval command runs in test_readme.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The performance suite runs end to end on a small pair and reports every comparison, the
 phase profile and the analytic model. (Its speed targets are met in the benchmark run whose
-numbers the README gives, not asserted here.)"""
+numbers docs/performance.md gives, not asserted here.)"""
 
 from __future__ import annotations
 

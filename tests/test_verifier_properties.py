@@ -20,7 +20,7 @@ LOGIT = st.one_of(
     st.sampled_from([0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, math.inf, -math.inf, math.nan]),
 )
 TEMPERATURE = st.sampled_from([0.0, 1e-30, 1e-6, 0.7, 1.0, 3.0, 1e6, 1e30])
-FUZZ_CASES = 300  # per verifier; the count is reported in the README
+FUZZ_CASES = 300  # per verifier; the count is reported in docs/reliability.md
 
 
 @st.composite

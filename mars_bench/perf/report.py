@@ -1,4 +1,4 @@
-"""perf.json -> the Markdown tables of the README's performance section."""
+"""perf.json -> the Markdown tables of a perf run (docs/performance.md)."""
 
 from __future__ import annotations
 

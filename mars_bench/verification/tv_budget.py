@@ -3,7 +3,7 @@
 Move eps of p's mass from where p > q to where q > p: pi = (1 - t) p + t q with
 t = min(1, eps / TV(p, q)), then rejection-sample toward pi. It emits pi, TV(pi, p) =
 min(eps, TV(p, q)) and accepts with probability min(1, 1 - TV(p, q) + eps), which is the bound
-no rule can beat at that TV (see README, "Fidelity"). Greedy: p is one-hot, so any other token
+no rule can beat at that TV (see docs/fidelity.md). Greedy: p is one-hot, so any other token
 costs TV 1: keep only the argmax unless eps = 1. eps = 0 is ``rejection`` (``exact`` in greedy
 mode). Chains only. Not lossless.
 """
