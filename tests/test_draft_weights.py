@@ -13,7 +13,7 @@ from conftest import tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import ReducedHeadModel
-from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model, quantized_linear
+from mars_bench.drafting.draft_weights import DraftWeightSettings, Int8Linear, quantized_draft_model, quantized_linear
 from mars_bench.kvcache import cached_forward
 from mars_bench.verification.sampling import SamplingParams
 
@@ -32,11 +32,11 @@ def relative_error(layer: torch.nn.Module, reference: torch.nn.Linear, rows: int
     return float((mine - exact).norm() / exact.norm())
 
 
-def is_quantized(layer: torch.nn.Linear) -> bool:
-    """Whether the layer's weight is a torchao quantized tensor."""
+def is_quantized(layer: torch.nn.Module) -> bool:
+    """Whether the layer is our CPU int8 layer or a linear layer holding a torchao quantized weight."""
     from torchao.utils import TorchAOBaseTensor
 
-    return isinstance(layer.weight, TorchAOBaseTensor)
+    return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -78,8 +78,8 @@ def test_the_quantized_copy_replaces_every_linear_layer_and_leaves_the_loaded_mo
     tokens = torch.tensor(PROMPTS[1])
     before, _ = cached_forward(model, tokens, _cache(model))
     copy = quantized_draft_model(model, weights)
-    linears = [module for module in copy.modules() if isinstance(module, torch.nn.Linear)]
-    assert len(linears) == 4 * 7 + 1 and all(is_quantized(module) for module in linears)
+    assert not any(isinstance(module, torch.nn.Linear) and not is_quantized(module) for module in copy.modules())
+    assert sum(is_quantized(module) for module in copy.modules()) == 4 * 7 + 1
     assert all(isinstance(module, torch.nn.Linear) for module in (model.lm_head, model.model.layers[0].mlp.down_proj))
     assert copy.get_input_embeddings().weight is model.get_input_embeddings().weight  # shared, not copied
     assert copy.model.norm.weight is model.model.norm.weight

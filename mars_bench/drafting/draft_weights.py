@@ -2,24 +2,25 @@
 
 A one-token forward of a small drafter on a CPU is bound by memory bandwidth: it reads every
 weight once and does little arithmetic with it, so fewer bytes per weight make cheaper drafts.
-The quantization is torchao's (``quantize_``), applied to a copy of each linear layer of the
-draft model, its output head included; activations stay in the model's dtype, and the layers
-that are not linear maps (embeddings, norms) and every bias are shared with the loaded model.
+Each linear layer of the draft model, its output head included, is replaced in a copy of the
+model; activations stay in the model's dtype, and the layers that are not linear maps
+(embeddings, norms) and every bias are shared with the loaded model.
 
-- int8: ``Int8WeightOnlyConfig``, one symmetric scale per output row, on any device. Its eager
-  linear converts the whole int8 weight to the activation dtype on every call, for a ``torch.mm``.
 - int4: an asymmetric grid per 32 inputs of a row (``INT4_GROUP``, the sub-block of GGUF's
-  Q4_K). On the CPU, torchao's CPU layout (``PrototypeInt4WeightOnlyConfig``: PyTorch's
-  ``_weight_int4pack_mm_for_cpu``; its packing takes outputs in tiles of ``INT4_ROWS``, so a
-  layer is packed with zero rows appended and their outputs cut off). On CUDA, torchao's
-  tinygemm layout (``Int4WeightOnlyConfig``, ``tile_packed_to_4d``: ``_weight_int4pack_mm``),
-  bfloat16 models only. No other device has a kernel.
+  Q4_K), by torchao. On the CPU, torchao's CPU layout (``PrototypeInt4WeightOnlyConfig``:
+  PyTorch's ``_weight_int4pack_mm_for_cpu``; its packing takes outputs in tiles of
+  ``INT4_ROWS``, so a layer is packed with zero rows appended and their outputs cut off). On
+  CUDA, torchao's tinygemm layout (``Int4WeightOnlyConfig``, ``tile_packed_to_4d``), bfloat16
+  models only. No other device has a kernel.
+- int8: one symmetric scale per output row. On the CPU our own layer (``Int8Linear``: PyTorch's
+  ``_weight_int8pack_mm``), because torchao's eager int8 linear converts the whole weight back
+  to the activation dtype on every call and ran a one-token forward of the 0.5B drafter 3.3x
+  slower than it (``benchmarks/draft_weights_timing.py``; docs/drafters.md has the numbers);
+  elsewhere torchao's ``Int8WeightOnlyConfig``.
 
 Verification is untouched: the drafter's q is whatever the quantized model computes, so
 ``exact`` stays exact and ``rejection`` stays lossless. Many-token forwards (the prompt's
 prefill) can be slower through these kernels than through a bf16 matmul, once per prompt.
-``benchmarks/draft_weights_timing.py`` times one-token forwards of bf16, these and the
-hand-written int8 / int4 layers they replaced.
 """
 
 from __future__ import annotations
@@ -60,12 +61,32 @@ class DraftWeightSettings:
         check_draft_weights(self.weights)
 
 
+class Int8Linear(torch.nn.Module):
+    """y = x W^T + b with W stored as int8 [out, in] times a per-row scale [out], on the CPU; the
+    bias is the linear layer's own, shared."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.compute_dtype = linear.weight.dtype
+        self.bias = linear.bias
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        quantized = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("quantized", quantized.contiguous())
+        self.register_buffer("scales", scales.to(self.compute_dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.quantized, self.scales).reshape(*x.shape[:-1], -1).to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+
 def torchao_config(weights: str, weight: torch.Tensor) -> Any:
     """The torchao config that quantizes ``weight`` (a linear layer's [out, in]) to ``weights``
     where it lies; ValueError in one line where torchao has no kernel for it."""
     import torchao.quantization as quantization
 
-    if weights == "int8":
+    if weights == "int8":  # off the CPU (``quantized_linear``)
         return quantization.Int8WeightOnlyConfig(set_inductor_config=False)
     inputs, device = weight.shape[1], weight.device
     if inputs % INT4_GROUP:
@@ -82,12 +103,15 @@ def torchao_config(weights: str, weight: torch.Tensor) -> Any:
                      f"are the CPU, or CUDA with a bfloat16 draft model; allowed there: int8, null")  # fmt: skip
 
 
-def quantized_linear(linear: torch.nn.Linear, weights: str) -> torch.nn.Linear:
-    """A new linear layer computing ``linear`` with its weight quantized to ``weights`` by torchao,
-    on the layer's device; the bias is ``linear``'s own, shared, and ``linear`` is left as it was."""
+def quantized_linear(linear: torch.nn.Linear, weights: str) -> torch.nn.Module:
+    """A new layer computing ``linear`` with its weight quantized to ``weights``, on the layer's
+    device (``Int8Linear`` for int8 on the CPU, else a linear layer holding a torchao weight); the
+    bias is ``linear``'s own, shared, and ``linear`` is left as it was."""
+    check_draft_weights(weights)
+    if weights == "int8" and linear.weight.device.type == "cpu":
+        return Int8Linear(linear)
     from torchao.quantization import quantize_
 
-    check_draft_weights(weights)
     config = torchao_config(weights, linear.weight)
     weight, outputs = linear.weight.detach(), linear.out_features
     padded = -outputs % INT4_ROWS if weights == "int4" and weight.device.type == "cpu" else 0
