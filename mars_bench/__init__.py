@@ -14,7 +14,14 @@ Names are imported on first use, so that reading records (``mars_bench.bench.rec
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+# transformers imports torchao (drafter.weights) whenever it is installed, and torchao's import
+# logs a warning per CUDA extension this build lacks and per enum it registers with torch's
+# pytree: lines on every run that say nothing about it. Errors still show.
+for _logger in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_logger).setLevel(logging.ERROR)
 
 _EXPORTS = {
     "DecodeResult": "mars_bench.decoding",

@@ -13,7 +13,7 @@ from conftest import tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import ReducedHeadModel
-from mars_bench.drafting.draft_weights import DraftWeightSettings, Int4Linear, Int8Linear, quantized_draft_model
+from mars_bench.drafting.draft_weights import DraftWeightSettings, Int8Linear, quantized_draft_model, quantized_linear
 from mars_bench.kvcache import cached_forward
 from mars_bench.verification.sampling import SamplingParams
 
@@ -32,13 +32,21 @@ def relative_error(layer: torch.nn.Module, reference: torch.nn.Linear, rows: int
     return float((mine - exact).norm() / exact.norm())
 
 
+def is_quantized(layer: torch.nn.Module) -> bool:
+    """Whether the layer is our CPU int8 layer or a linear layer holding a torchao quantized weight."""
+    from torchao.utils import TorchAOBaseTensor
+
+    return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("kind", "tolerance"), [(Int8Linear, 0.01), (Int4Linear, 0.1)])
+@pytest.mark.parametrize(("weights", "tolerance"), [("int8", 0.01), ("int4", 0.1)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_quantized_layer_computes_the_linear_map_up_to_its_rounding(kind, tolerance, bias, dtype):
+def test_a_quantized_layer_computes_the_linear_map_up_to_its_rounding(weights, tolerance, bias, dtype):
     # 50 outputs: int4 packs rows in tiles of 16, the padding's outputs are cut off.
     reference = linear(64, 50, bias, dtype)
-    layer = kind(reference)
+    layer = quantized_linear(reference, weights)
+    assert layer.bias is reference.bias and type(reference.weight) is torch.nn.Parameter  # shared; the original kept
     assert layer(torch.zeros(1, 64, dtype=dtype)).shape == (1, 50)
     assert layer(torch.zeros(1, 64, dtype=dtype)).dtype == dtype
     assert relative_error(layer, reference) < tolerance
@@ -50,13 +58,13 @@ def test_int4_uses_an_affine_grid_per_32_inputs_so_weights_on_that_grid_are_kept
     codes[:, ::32], codes[:, 1::32] = 0.0, 15.0  # each group spans the whole grid
     scales = torch.rand(16, 2, generator=torch.Generator().manual_seed(3)).repeat_interleave(32, dim=1) + 0.5
     reference.weight.copy_(codes * scales / 64 - 0.1)
-    assert relative_error(Int4Linear(reference), reference) < 1e-5
+    assert relative_error(quantized_linear(reference, "int4"), reference) < 1e-5
 
 
 def test_int4_refuses_a_layer_whose_inputs_do_not_fill_its_groups_in_one_line():
     message = r"^drafter.weights='int4' cannot pack a linear layer with 48 inputs: allowed are multiples of 32"
     with pytest.raises(ValueError, match=message):
-        Int4Linear(linear(48, 16, bias=False))
+        quantized_linear(linear(48, 16, bias=False), "int4")
 
 
 def test_a_bad_weights_value_is_refused_in_one_line():
@@ -70,7 +78,8 @@ def test_the_quantized_copy_replaces_every_linear_layer_and_leaves_the_loaded_mo
     tokens = torch.tensor(PROMPTS[1])
     before, _ = cached_forward(model, tokens, _cache(model))
     copy = quantized_draft_model(model, weights)
-    assert not any(isinstance(module, torch.nn.Linear) for module in copy.modules())
+    assert not any(isinstance(module, torch.nn.Linear) and not is_quantized(module) for module in copy.modules())
+    assert sum(is_quantized(module) for module in copy.modules()) == 4 * 7 + 1
     assert all(isinstance(module, torch.nn.Linear) for module in (model.lm_head, model.model.layers[0].mlp.down_proj))
     assert copy.get_input_embeddings().weight is model.get_input_embeddings().weight  # shared, not copied
     assert copy.model.norm.weight is model.model.norm.weight
@@ -85,18 +94,19 @@ def test_over_a_reduced_vocabulary_the_cut_head_is_quantized_and_the_unused_full
     model = tiny_model(seed=3)
     cut = ReducedHeadModel(model, torch.tensor([0, 4, 17, 50, 95]), 96)
     copy = quantized_draft_model(cut, "int4")
-    assert isinstance(copy.get_output_embeddings(), Int4Linear)
+    assert is_quantized(copy.get_output_embeddings())
     assert isinstance(copy.model.lm_head, torch.nn.Linear) and copy.model.lm_head.weight is model.lm_head.weight
     logits, _ = cached_forward(copy, torch.tensor(PROMPTS[0]), _cache(model))
     assert torch.isneginf(logits[:, 1]).all() and torch.isfinite(logits[:, [0, 4, 17, 50, 95]]).all()
 
 
-def test_a_draft_model_off_the_cpu_is_refused_in_one_line():
+def test_int4_where_torchao_has_no_kernel_is_refused_in_one_line():
     with torch.device("meta"):
         model = tiny_model(seed=0)
-    message = r"^drafter.weights='int8' runs on the CPU only .*linear layer on meta; allowed there: null$"
+    message = (r"^drafter.weights='int4' has no torchao kernel for a torch.float32 linear layer on meta: "
+               r".*; allowed there: int8, null$")  # fmt: skip
     with pytest.raises(ValueError, match=message):
-        quantized_draft_model(model, "int8")
+        quantized_draft_model(model, "int4")
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
