@@ -16,11 +16,12 @@ def table1(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataF
     """Wide table: index (model, drafter, temperature, method), columns (task, speedup|tau|tau_request_mean)
     plus (Mean, ...)."""
     cells = method_summary(frame) if summary is None else summary
-    wide = cells.pivot_table(index=ROWS, columns="task", values=list(METRICS))
+    wide = cells.pivot_table(index=ROWS, columns="task", values=list(METRICS), dropna=False)
     wide = wide.swaplevel(0, 1, axis=1)
-    wide = wide[sorted(wide.columns, key=lambda column: (column[0], METRICS.index(column[1])))]
+    every = pd.MultiIndex.from_product([sorted(cells["task"].unique()), METRICS])  # a metric missing everywhere stays, empty
+    wide = wide.reindex(columns=every).dropna(how="all", axis=0).rename_axis(columns=["task", None])
     for metric in METRICS:
-        wide[("Mean", metric)] = cells.pivot_table(index=ROWS, columns="task", values=metric).mean(axis=1)
+        wide[("Mean", metric)] = wide.xs(metric, axis=1, level=1).mean(axis=1)
     return wide.rename_axis(index={"label": "method", "temperature": "T"})
 
 
@@ -48,5 +49,10 @@ def to_markdown(table: pd.DataFrame, formats: dict[str, str] | None = None) -> s
 
 
 def to_latex(table: pd.DataFrame) -> str:
-    """booktabs LaTeX (toprule / midrule / bottomrule), two decimals."""
-    return table.style.format("{:.2f}").to_latex(hrules=True, multicol_align="c")
+    """booktabs LaTeX (toprule / midrule / bottomrule): two decimals, as to_markdown shows them (the
+    temperature too), ``--`` where to_markdown shows ``-`` (no value), names escaped for LaTeX."""
+    styler = table.style.format("{:.2f}", na_rep="--").format_index(escape="latex", axis=1)
+    for level in range(table.index.nlevels):
+        floats = pd.api.types.is_float_dtype(table.index.get_level_values(level))
+        styler = styler.format_index("{:.2f}" if floats else None, escape=None if floats else "latex", axis=0, level=level)
+    return styler.to_latex(hrules=True, multicol_align="c")
