@@ -22,7 +22,7 @@ from .cells import INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_spe
 from .gather import Gathered, NoRecordsError, gather_runs
 from .quality import quality_table
 from .runs import POOL_REPEATS, Pooled, pooled_settings, repeats
-from .tables import table1, to_latex, to_markdown
+from .tables import table1, table1_notes, to_latex, to_markdown
 
 DESCRIPTIONS = {
     "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, run_folders (the "
@@ -136,7 +136,8 @@ def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -
 
         def write_table1() -> list[str]:
             table = table1(frame, summary)
-            (out / "table1.md").write_text(to_markdown(table) + "\n")
+            notes = table1_notes(summary)
+            (out / "table1.md").write_text("\n".join([to_markdown(table), *(["", *notes] if notes else [])]) + "\n")
             (out / "table1.tex").write_text(to_latex(table))
             return ["table1.md", "table1.tex"]
 

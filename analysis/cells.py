@@ -101,6 +101,12 @@ def method_summary(frame: pd.DataFrame, include_disturbed: bool = False) -> pd.D
     return summary
 
 
+def setting_name(row: pd.Series) -> str:
+    """A setting (a row of method_summary's table, or a method row) as index.md and the errors name it:
+    ``mars (theta=0.9) on humaneval (qwen2.5-coder-1.5b, model, T=1)``."""
+    return f"{row['label']} on {row['task']} ({row['model']}, {row['drafter']}, T={row['temperature']:g})"
+
+
 def missing_speedups(summary: pd.DataFrame) -> str | None:
     """One sentence for the settings of ``summary`` (method_summary's table) that have no speedup, if any:
     the reason where it is that every paired row was disturbed, else where each one's reason is."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .cells import PROMPT, SETTING, NotEnoughData, method_rows
+from .cells import PROMPT, SETTING, NotEnoughData, method_rows, setting_name
 
 POOL_REPEATS = "--pool-repeats"  # the analysis's option that pools repeated runs of one setting
 
@@ -29,11 +29,6 @@ class Pooled:
     folders: tuple[str, ...]  # the run folders (``run_dir``), sorted
     prompts: int  # distinct prompts (question and turn) over all of them
     repeated: int  # prompts that more than one folder measured (0: the folders' prompts are disjoint)
-
-
-def setting_name(row: pd.Series) -> str:
-    """A setting as the index and the errors name it."""
-    return f"{row['label']} on {row['task']} ({row['model']}, {row['drafter']}, T={row['temperature']:g})"
 
 
 def pooled_settings(frame: pd.DataFrame) -> list[Pooled]:
