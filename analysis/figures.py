@@ -7,6 +7,7 @@ Every figure takes the tidy tables of cells.py / acceptance.py / fidelity.py, ne
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 from pathlib import Path
 
@@ -167,7 +168,7 @@ def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
     labels = sorted(alpha["label"].unique())
     width = 0.5 / max(len(labels), 1)  # the methods side by side at each depth, so that their bars do not hide each other
     for (rate_axis, count_axis), task in zip(axes.T, tasks):
-        for color, label in zip(plt.cm.tab10.colors * 3, labels):
+        for color, label in zip(itertools.cycle(plt.cm.tab10.colors), labels):  # every method, colours repeating past 10
             rows = alpha[(alpha["task"] == task) & (alpha["label"] == label)]
             if rows.empty:
                 continue
