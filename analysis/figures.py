@@ -98,12 +98,15 @@ def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
                 axis.axhline(reference[metric].iloc[0], color=color, linestyle="--", linewidth=1,
                              label=f"{reference['verifier'].iloc[0]} (strict), {where}")  # fmt: skip
     axes[0].axhline(1.0, color="grey", linewidth=1, label="AR baseline (1x)")
+    low, high = axes[0].get_ylim()
+    pad = 0.05 * (high - low)  # the 1x line clear of the panel's edge, where speedups all lie above it
+    axes[0].set_ylim(min(low, 1.0 - pad), max(high, 1.0 + pad))
     if mars["speedup"].isna().all():  # every mars cell lost its speedup: say why where the lines would be
         _no_data(axes[0], missing_speedups(pd.concat([mars, strict]).drop_duplicates(["task", "conditions", "label"])))
     for axis, (_metric, label, _ci) in zip(axes, panels):
         axis.set_ylabel(label, fontsize=8)
         axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2, loc="best")
+    figure.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=2, loc="outside lower center")  # over no line
     axes[-1].set_xlabel("theta (MARS accepts the drafted runner-up when z2 / z1 > theta)")
     axes[-1].set_xticks(sorted(mars["theta"].unique()))
     prompts = int(mars["prompts"].max())
@@ -163,7 +166,7 @@ def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
     and run from the tenth below the lowest interval up to 1 (every draft accepted), so that no panel
     magnifies differences smaller than its own intervals."""
     tasks = sorted(alpha["task"].unique())
-    figure, axes = plt.subplots(2, len(tasks), figsize=(5.2 * len(tasks), 6), squeeze=False, sharex=True, sharey="row",
+    figure, axes = plt.subplots(2, len(tasks), figsize=(5.2 * len(tasks), 6.8), squeeze=False, sharex=True, sharey="row",
                                 height_ratios=[2, 1], layout="constrained")  # fmt: skip
     labels = sorted(alpha["label"].unique())
     width = 0.5 / max(len(labels), 1)  # the methods side by side at each depth, so that their bars do not hide each other
@@ -182,11 +185,13 @@ def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
         for axis in (rate_axis, count_axis):
             axis.grid(alpha=0.3)
     lowest = pd.concat([alpha["alpha_ci_low"], alpha["alpha"]]).min()
-    axes[0][0].set_ylim(max(0.0, np.floor(lowest * 10) / 10) if pd.notna(lowest) else 0.0, 1.01)
+    bottom = max(0.0, np.floor(lowest * 10) / 10) if pd.notna(lowest) else 0.0
+    axes[0][0].set_ylim(bottom - 0.01, 1.01)  # a margin at both ends, so that a point at 0 or 1 shows whole
     axes[1][0].set_ylim(0, alpha["reached"].max() * 1.08)
-    axes[0][0].set_ylabel("alpha_d = accepted / drafts reaching depth d")
-    axes[1][0].set_ylabel("drafts reaching depth d")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("alpha_d = accepted / reached at depth d", fontsize=9)
+    axes[1][0].set_ylabel("drafts reaching depth d", fontsize=9)
+    handles = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels())}  # every task's
+    figure.legend(handles.values(), handles.keys(), fontsize=7, ncol=min(len(handles), 4), loc="outside lower center")
     prompts = int(alpha["prompts"].max())
     figure.suptitle(f"Acceptance per draft depth (up to {prompts} prompts per method; bars: bootstrap 95% CI over "
                     f"prompts)\n{_title(alpha)}", fontsize=9)  # fmt: skip
