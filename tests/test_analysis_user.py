@@ -207,6 +207,8 @@ def test_the_threshold_ablation_says_why_its_speedup_panel_is_empty_and_draws_y_
     figures.threshold_ablation(summary, tmp_path / "threshold_ablation.png")
     speed = drawn[0].axes[0]
     assert any(list(line.get_ydata()) == [1.0, 1.0] and line.get_label() == "AR baseline (1x)" for line in speed.lines)
+    low, high = speed.get_ylim()
+    assert low < 1.0 - 0.04 * (high - low) and 1.0 < high  # the 1x line inside the panel, clear of its edge
     texts = [" ".join(text.get_text().split()) for text in speed.texts]
     if included:
         assert texts == [] and summary["speedup"].tolist() == [2.0, 2.0]
