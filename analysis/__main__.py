@@ -1,11 +1,13 @@
 """``python -m analysis DIR [DIR ...] [--out FOLDER]``: gather the records below run or sweep
-folders and write the tables, figures and an index.md that links them."""
+folders and write the tables, figures and an index.md that links them, and says which folders it
+left out (they never decoded a row) and which it pooled into one setting."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,15 +18,18 @@ from mars_bench.bench.summary import disturbed_note, disturbed_rows
 from mars_bench.files import atomic_replace
 
 from . import acceptance, fidelity, figures
-from .cells import NotEnoughData, method_summary
-from .gather import NoRecordsError, gather
+from .cells import INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups
+from .gather import Gathered, NoRecordsError, gather_runs
 from .quality import quality_table
-from .tables import table1, to_latex, to_markdown
+from .runs import POOL_REPEATS, Pooled, pooled_settings, repeats
+from .tables import table1, table1_notes, to_latex, to_markdown
 
 DESCRIPTIONS = {
-    "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, speedup with its "
-    "bootstrap 95% CI, tau (pooled: emitted tokens over verification steps, all requests together) and tau_request_mean "
-    "(the mean of each request's tau), acceptance rate, the verifier's own trigger rate (empty for a verifier without a "
+    "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, run_folders (the "
+    "run folders its prompts came from), disturbed (prompts whose timing other processes disturbed: left out of the "
+    "speedup unless --include-disturbed), speedup with its bootstrap 95% CI (where there is none, why), tau (pooled: "
+    "emitted tokens over verification steps, all requests together) and tau_request_mean (the mean of each request's "
+    "tau), acceptance rate, the verifier's own trigger rate (empty for a verifier without a "
     "trigger), margin_over_0.9 (a counterfactual from the recorded margins, for every verifier: the share of verified "
     "positions where the paper's rule at theta 0.9 would relax), score with its CI.",
     "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline), tau (pooled) and "
@@ -36,7 +41,8 @@ DESCRIPTIONS = {
     "quality": "task score per verifier, its mean paired difference from the strict verifier (rejection when sampling, "
     "exact when greedy; the AR baseline if the strict one was not run) on the same prompts, bootstrap 95% CI of that "
     "difference, and a two-sided paired sign-flip permutation test.",
-    "alpha per depth": "alpha_d, the share of drafts reaching depth d that are accepted, per verifier and task.",
+    "alpha per depth": "alpha_d, the share of drafts reaching depth d that are accepted, with its bootstrap 95% CI over "
+    "prompts and the drafts reaching each depth, per verifier and task.",
     "margin histograms": "histograms of the margin z2 / z1 at strict accepts, relaxed accepts and rejections, per verifier.",
     "acceptance by margin": "acceptance rate of verified positions per margin bin, with counts.",
     "shadow": "acceptance rate (kept drafts / drafts) of the live verifier and of each shadow verifier on the very same "
@@ -62,6 +68,7 @@ class Report:
         self.out = out
         self.lines: list[str] = []
         self.skipped: list[str] = []
+        self.notes: list[str] = []  # what the index says before its entries (a speedup missing everywhere, and why)
 
     def make(self, what: str, build: Callable[[], list[str]]) -> None:
         try:
@@ -76,9 +83,12 @@ class Report:
         self.skipped.append(f"- {what}: skipped, {reason}.")
         print(f"analysis: {what} skipped: {reason}", file=sys.stderr)
 
-    def table(self, name: str, frame: pd.DataFrame, formats: dict[str, str] | None = None) -> list[str]:
+    def table(
+        self, name: str, frame: pd.DataFrame, formats: dict[str, str] | None = None, markdown: pd.DataFrame | None = None
+    ) -> list[str]:
+        """``frame`` as NAME.csv and as NAME.md (``markdown`` instead where given: the same table shown)."""
         frame.to_csv(self.out / f"{name}.csv", index=False)
-        (self.out / f"{name}.md").write_text(to_markdown(frame, formats) + "\n")
+        (self.out / f"{name}.md").write_text(to_markdown(frame if markdown is None else markdown, formats) + "\n")
         return [f"{name}.md", f"{name}.csv"]
 
 
@@ -95,26 +105,39 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     atomic_replace(path, buffer.getvalue())
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 run folder``, ``2 run folders``."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def settings_shown(summary: pd.DataFrame) -> pd.DataFrame:
+    """The settings table as settings.md shows it: a missing speedup gives its reason in its place."""
+    shown = summary.drop(columns="speedup_note")
+    shown["speedup"] = [note or value for note, value in zip(summary["speedup_note"], summary["speedup"].astype(object))]
+    return shown
+
+
 def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -> Report:
     """Every artefact the records support; ``include_disturbed``: the speedups count rows whose timing
-    other processes disturbed (the records keep their flag)."""
+    other processes disturbed (the tables still count them in ``disturbed``)."""
     report = Report(out)
     write_parquet(frame, out / "records.parquet")
     runs = frame["run_dir"].nunique()
-    report.lines.append(f"- [records.parquet](records.parquet): all {len(frame)} records, gathered from {runs} run folders.")
-    if include_disturbed:
-        frame = frame.assign(disturbed=False)
+    report.lines.append(f"- [records.parquet](records.parquet): all {counted(len(frame), 'record')}, gathered from "
+                        f"{counted(runs, 'run folder')}.")  # fmt: skip
     try:
-        summary = method_summary(frame)
+        summary = method_summary(frame, include_disturbed)
     except NotEnoughData as reason:
         report.skipped.append(f"- every speed table and figure: skipped, {reason}.")
         summary = None
     if summary is not None:
-        report.make("settings", lambda: report.table("settings", summary))
+        report.notes += [line] if (line := missing_speedups(summary)) else []
+        report.make("settings", lambda: report.table("settings", summary, markdown=settings_shown(summary)))
 
         def write_table1() -> list[str]:
             table = table1(frame, summary)
-            (out / "table1.md").write_text(to_markdown(table) + "\n")
+            notes = table1_notes(summary)
+            (out / "table1.md").write_text("\n".join([to_markdown(table), *(["", *notes] if notes else [])]) + "\n")
             (out / "table1.tex").write_text(to_latex(table))
             return ["table1.md", "table1.tex"]
 
@@ -123,8 +146,11 @@ def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -
         report.make("pareto", lambda: [figures.pareto(summary, out / "pareto.png").name])
     report.make("quality", lambda: report.table("quality", quality_table(frame), {"p_value": "{:.3f}", "prompts": "{}"}))
     write_acceptance(frame, report)
-    write_fidelity(frame, report)
+    write_fidelity(frame, report, include_disturbed)
     return report
+
+
+ALPHA_FORMATS = {"alpha": "{:.3f}", "alpha_ci_low": "{:.3f}", "alpha_ci_high": "{:.3f}"}
 
 
 def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
@@ -133,7 +159,7 @@ def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
     def alpha() -> list[str]:
         table = acceptance.alpha_per_depth(frame)
         figure = figures.alpha_by_depth(table, out / "alpha_per_depth.png")
-        return [*report.table("alpha_per_depth", table), figure.name]
+        return [*report.table("alpha_per_depth", table, ALPHA_FORMATS), figure.name]
 
     report.make("alpha per depth", alpha)
     try:
@@ -160,7 +186,7 @@ DECOMPOSITION_FORMATS = {"kl_per_token": "{:.3g}", "deviation_rate": "{:.3g}", "
                          "acceptance_rate": "{:.3f}", "prompts": "{}", "tokens": "{}"}  # fmt: skip
 
 
-def write_fidelity(frame: pd.DataFrame, report: Report) -> None:
+def write_fidelity(frame: pd.DataFrame, report: Report, include_disturbed: bool = False) -> None:
     """The fidelity table, its frontier figure and the decomposition table; one skip line for all three
     when no record carries fidelity."""
     try:
@@ -173,20 +199,49 @@ def write_fidelity(frame: pd.DataFrame, report: Report) -> None:
     report.make("frontier", lambda: [figures.frontier(table, out / "frontier.png").name])
 
     def decomposition() -> list[str]:
-        return report.table("decomposition", fidelity.decomposition_table(frame), DECOMPOSITION_FORMATS)
+        return report.table("decomposition", fidelity.decomposition_table(frame, include_disturbed), DECOMPOSITION_FORMATS)
 
     report.make("decomposition", decomposition)
 
 
-def portable_command(folders: list[str], out: Path) -> str:
-    """The command that made the output, naming no folder of this machine: each run folder by its
-    own name below a placeholder ``RUNS``, the output folder likewise where it lies inside one."""
-    runs = [Path(folder).resolve() for folder in folders]
-    named = [f"RUNS/{run.name}" for run in runs]
-    target = out.resolve()
-    inside = next((run for run in runs if run == target or run in target.parents), None)
-    out_name = (Path("RUNS", inside.name) / target.relative_to(inside)).as_posix() if inside else target.name
-    return f"python -m {__package__ or 'analysis'} {' '.join(named)} --out {out_name}"
+DEFAULT_OUT = "analysis_out"
+
+
+def shown_argument(folder: str) -> str:
+    """A folder argument as index.md shows it: as typed where relative, else ``RUNS/<its name>``
+    (``RUNS`` a placeholder for wherever it lies), so that the index names no folder of this machine."""
+    return Path(folder).as_posix() if not Path(folder).is_absolute() else f"RUNS/{Path(folder).resolve().name}"
+
+
+def shown_folder(folder: str | Path, arguments: list[str]) -> str:
+    """A folder below one of the command's folder ``arguments``, named below that one as it is shown;
+    by its own name where it lies below none."""
+    path = Path(folder).resolve()
+    for argument in arguments:
+        root = Path(argument).resolve()
+        if path == root or root in path.parents:
+            return (Path(shown_argument(argument)) / path.relative_to(root)).as_posix()
+    return path.name
+
+
+def typed_command(argv: list[str], folders: list[str]) -> str:
+    """The command as it was typed (``argv``), naming no folder of this machine: each folder argument
+    as ``shown_argument`` gives it, an absolute output folder below the folder argument that holds it
+    (``shown_folder``), elsewhere by its own name."""
+
+    def out(value: str) -> str:
+        return Path(value).as_posix() if not Path(value).is_absolute() else shown_folder(value, folders)
+
+    parts, value_of_out = [], False
+    for token in argv:
+        if value_of_out:
+            parts.append(out(token))
+        elif token.startswith("--out="):
+            parts.append(f"--out={out(token.removeprefix('--out='))}")
+        else:
+            parts.append(token if token.startswith("-") else shown_argument(token))
+        value_of_out = token == "--out"
+    return f"python -m {__package__ or 'analysis'} {shlex.join(parts)}"
 
 
 def disturbed_line(frame: pd.DataFrame, included: bool) -> str | None:
@@ -196,27 +251,75 @@ def disturbed_line(frame: pd.DataFrame, included: bool) -> str | None:
     if not names:
         return None
     print(f"analysis: {len(names)} rows were timed while other processes used the machine", file=sys.stderr)
-    return disturbed_note(names, included, option="--include-disturbed")
+    return disturbed_note(names, included, option=INCLUDE_DISTURBED)
+
+
+def folder_lines(gathered: Gathered, pooled: list[Pooled], arguments: list[str]) -> list[str]:
+    """What index.md says about the run folders: those left out (none of their rows decoded) and the
+    settings pooled from several (repeats of the same prompts, or disjoint prompts)."""
+    lines = []
+    if gathered.left_out:
+        lines += [f"Left out, none of their rows decoded ({counted(len(gathered.left_out), 'run folder')}):", ""]
+        lines += [f"- `{shown_folder(left.folder, arguments)}`: {counted(left.rows, 'failed row')}, first: {left.error}"
+                  for left in gathered.left_out]  # fmt: skip
+        lines.append("")
+    if pooled:
+        lines += ["Settings pooled from several run folders:", ""]
+        for entry in pooled:
+            folders = ", ".join(f"`{shown_folder(folder, arguments)}`" for folder in entry.folders)
+            how = (f"{entry.repeated} of them measured in more than one folder, each measurement counted as a prompt "
+                   f"({POOL_REPEATS})" if entry.repeated else "none measured twice (a sharded or continued run)")  # fmt: skip
+            lines.append(f"- {entry.setting}: {counted(entry.prompts, 'prompt')} from {folders}; {how}")
+        lines.append("")
+    return lines
+
+
+def repeat_error(repeated: list[Pooled], arguments: list[str], limit: int = 3) -> str:
+    """The one line that refuses repeated runs of a setting, naming the first and what to do."""
+    first = repeated[0]
+    folders = [f"`{shown_folder(folder, arguments)}`" for folder in first.folders]
+    listed = ", ".join(folders[:limit]) + (f" and {len(folders) - limit} more" if len(folders) > limit else "")
+    more = f" ({counted(len(repeated) - 1, 'other setting')} likewise)" if len(repeated) > 1 else ""
+    return (f"{len(folders)} run folders measured the same {counted(first.repeated, 'prompt')} of {first.setting}: "
+            f"{listed}{more}; analyse one of them, or pass {POOL_REPEATS} to pool them (each measurement of a prompt "
+            "then counts as a prompt)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__package__ or 'analysis'}", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__ or 'analysis'}", description=__doc__, allow_abbrev=False)
     parser.add_argument("folders", nargs="+", help="run or sweep folders (searched recursively for records.jsonl)")
-    parser.add_argument("--out", default="analysis_out", help="output folder (default: analysis_out)")
-    parser.add_argument("--include-disturbed", action="store_true",
+    parser.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT})")
+    parser.add_argument(INCLUDE_DISTURBED, action="store_true",
                         help="count rows timed while other processes used the machine in the speedups")  # fmt: skip
+    parser.add_argument(POOL_REPEATS, action="store_true",
+                        help="pool run folders that measured the same prompts of one setting (refused without it)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        frame = gather(args.folders)
+        gathered = gather_runs(args.folders)
     except NoRecordsError as error:
         print(f"analysis: error: {error}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    frame, pooled = gathered.frame, pooled_settings(gathered.frame)
+    for left in gathered.left_out:
+        print(f"analysis: left out {shown_folder(left.folder, args.folders)}: none of its rows decoded ({left.error})",
+              file=sys.stderr)  # fmt: skip
+    if (repeated := repeats(pooled)) and not args.pool_repeats:
+        print(f"analysis: error: {repeat_error(repeated, args.folders)}", file=sys.stderr)
+        return 2
+    for entry in pooled:
+        print(f"analysis: pooled {entry.setting} from {counted(len(entry.folders), 'run folder')}"
+              + (f" ({entry.repeated} prompts measured more than once)" if entry.repeated else ""), file=sys.stderr)  # fmt: skip
+    out = Path(args.out or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     disturbed = disturbed_line(frame, args.include_disturbed)
     report = write_all(frame, out, args.include_disturbed)
-    command = portable_command(args.folders, out) + (" --include-disturbed" if args.include_disturbed else "")
-    index = ["# Analysis", "", f"Made by `{command}`.", "", *([disturbed, ""] if disturbed else []), *report.lines]
+    for note in report.notes:
+        print(f"analysis: {note}", file=sys.stderr)
+    notes = [f"{note[0].upper()}{note[1:]}." for note in report.notes]
+    index = ["# Analysis", "", f"Made by `{typed_command(argv, args.folders)}`.", "",
+             *folder_lines(gathered, pooled, args.folders), *([disturbed, ""] if disturbed else []),
+             *([*notes, ""] if notes else []), *report.lines]  # fmt: skip
     if report.skipped:
         index += ["", "Not made from these records:", "", *report.skipped]
     (out / "index.md").write_text("\n".join(index) + "\n")

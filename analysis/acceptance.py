@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mars_bench.bench.stats import percentile_ci
 from mars_bench.reasons import Reason
 from mars_bench.settings import parse_label
 
@@ -18,20 +19,34 @@ OUTCOMES = {Reason.EXACT: "strict accept", Reason.SAMPLED: "strict accept", Reas
 MARGIN_BINS = np.array([-np.inf, 0.5, 0.6, 0.7, 0.75, 0.8, 0.84, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0, np.inf])
 
 
+def share_of_sums(numerators: np.ndarray, denominators: np.ndarray, axis: int = -1) -> np.ndarray:
+    """sum(numerators) / sum(denominators) along ``axis`` (one value per bootstrap resample)."""
+    return np.sum(numerators, axis=axis) / np.sum(denominators, axis=axis)
+
+
 def alpha_per_depth(frame: pd.DataFrame) -> pd.DataFrame:
-    """alpha_d = accepted at depth d / drafts that reached depth d (depth 1 = first draft)."""
+    """alpha_d = accepted at depth d / drafts that reached depth d (depth 1 = first draft), pooled over a
+    setting's rows, with ``reached`` and ``accepted`` (drafts), ``prompts`` (rows with a draft reaching d)
+    and the percentile bootstrap 95% CI of alpha_d resampling those rows (a row's drafts kept together:
+    positions of one request are not independent)."""
     out = []
     for key, rows in method_rows(frame).groupby(KEYS, sort=True):
         width = max(len(r) for r in rows["reached_per_depth"])
         if not width:
             continue
-        accepted, reached = np.zeros(width), np.zeros(width)
-        for acc, rea in zip(rows["accepted_per_depth"], rows["reached_per_depth"]):
-            accepted[: len(acc)] += acc
-            reached[: len(rea)] += rea
+        accepted, reached = np.zeros((len(rows), width)), np.zeros((len(rows), width))
+        for index, (acc, rea) in enumerate(zip(rows["accepted_per_depth"], rows["reached_per_depth"])):
+            accepted[index, : len(acc)] = acc
+            reached[index, : len(rea)] = rea
         for depth in range(width):
-            alpha = accepted[depth] / reached[depth] if reached[depth] else np.nan
-            out.append({**dict(zip(KEYS, key)), "depth": depth + 1, "reached": int(reached[depth]), "alpha": alpha})
+            drafted = reached[:, depth] > 0
+            sample = (accepted[drafted, depth], reached[drafted, depth])
+            total = reached[:, depth].sum()
+            low, high = percentile_ci(sample, share_of_sums, 2000, 0.95, 0) if drafted.any() else (np.nan, np.nan)
+            out.append({**dict(zip(KEYS, key)), "depth": depth + 1, "prompts": int(drafted.sum()), "reached": int(total),
+                        "accepted": int(accepted[:, depth].sum()),
+                        "alpha": accepted[:, depth].sum() / total if total else np.nan,
+                        "alpha_ci_low": low, "alpha_ci_high": high})  # fmt: skip
     if not out:
         raise NotEnoughData("no method row has drafts")
     return pd.DataFrame(out)

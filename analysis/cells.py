@@ -2,9 +2,10 @@
 
 A setting is (model, drafter, draft length, task, temperature, verifier, theta, verifier setting,
 conditions). Its method rows are paired with the baseline row of the same run folder, prompt and
-baseline conditions (``records.BASELINE_CONDITIONS``); several runs of one setting (resumed sweeps,
-other machines) pool their prompts. The numbers themselves come from the one summariser of records,
-``mars_bench.bench.summary``.
+baseline conditions (``records.BASELINE_CONDITIONS``); several runs of one setting (a sweep sharded
+over machines, a run continued in another folder) pool their prompts; a resumed run is one folder.
+Folders that measured the same prompt of a setting twice pool only when asked (analysis/runs.py).
+The numbers themselves come from the one summariser of records, ``mars_bench.bench.summary``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 import pandas as pd
 
 from mars_bench.bench.records import BASELINE, BASELINE_CONDITIONS
-from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
+from mars_bench.bench.summary import PROMPT, disturbed_reason, finished, pair_with_baseline, speedup_notes, summarise_paired
 from mars_bench.settings import parse_setting
 
 MISSING = object()  # a key one setting of a name has and another lacks
 SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting", "conditions"]
 BASELINE_IDENTITY = ["model", *BASELINE_CONDITIONS]  # rows that agree on these and on the prompt have one baseline
+INCLUDE_DISTURBED = "--include-disturbed"  # the analysis's option that counts disturbed rows in the speedups
 
 
 class NotEnoughData(ValueError):
@@ -77,17 +79,42 @@ def paired(frame: pd.DataFrame) -> pd.DataFrame:
     return pairs
 
 
-def method_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per setting: prompts, speedup [CI], tau, acceptance, trigger rate, score [CI]; and
-    ``margin_over_0.9``, the share of verified positions whose recorded margin z2 / z1 lies in (0.9, 1],
-    i.e. where the paper's rule at theta 0.9 would have relaxed: computed from the margins for every
-    verifier, strict ones included (a counterfactual, not what the verifier did)."""
+def method_summary(frame: pd.DataFrame, include_disturbed: bool = False) -> pd.DataFrame:
+    """One row per setting: prompts, run_folders (how many run folders they came from: analysis/runs.py),
+    disturbed (the prompts whose timing other processes disturbed: left out of the speedup, counted in
+    it with ``include_disturbed``), speedup [CI] and, where it is missing, ``speedup_note`` (why), tau,
+    acceptance, trigger rate, score [CI]; and ``margin_over_0.9``, the share of verified positions
+    whose recorded margin z2 / z1 lies in (0.9, 1], i.e. where the paper's rule at theta 0.9 would have
+    relaxed: computed from the margins for every verifier, strict ones included (a counterfactual, not
+    what the verifier did)."""
     pairs = paired(frame)
     out = []
     for key, rows in pairs.groupby(SETTING, dropna=False, sort=True):
         rows = rows.drop_duplicates(["run_dir", *PROMPT])
         margins = pd.to_numeric(pd.Series([m for row in rows["margins"] for m in row], dtype=object))
         counterfactual = ((margins > 0.9) & (margins <= 1.0)).mean() if len(margins) else float("nan")
-        out.append({**dict(zip(SETTING, key)), "label": rows["label"].iloc[0], **summarise_paired(rows),
-                    "margin_over_0.9": counterfactual})  # fmt: skip
-    return pd.DataFrame(out)
+        summary = summarise_paired(rows, include_disturbed)
+        out.append({**dict(zip(SETTING, key)), "label": rows["label"].iloc[0], "prompts": summary.pop("prompts"),
+                    "run_folders": rows["run_dir"].nunique(), **summary, "margin_over_0.9": counterfactual})  # fmt: skip
+    summary = pd.DataFrame(out)
+    summary.insert(summary.columns.get_loc("speedup_mean_rate") + 1, "speedup_note", speedup_notes(summary, INCLUDE_DISTURBED))
+    return summary
+
+
+def setting_name(row: pd.Series) -> str:
+    """A setting (a row of method_summary's table, or a method row) as index.md and the errors name it:
+    ``mars (theta=0.9) on humaneval (qwen2.5-coder-1.5b, model, T=1)``."""
+    return f"{row['label']} on {row['task']} ({row['model']}, {row['drafter']}, T={row['temperature']:g})"
+
+
+def missing_speedups(summary: pd.DataFrame) -> str | None:
+    """One sentence for the settings of ``summary`` (method_summary's table) that have no speedup, if any:
+    the reason where it is that every paired row was disturbed, else where each one's reason is."""
+    missing = summary[summary["speedup"].isna()]
+    if missing.empty:
+        return None
+    some = f"{len(missing)} of the {len(summary)} settings" if len(missing) < len(summary) else "any setting"
+    which = f"no speedup in {some}"
+    if (missing["disturbed"] > 0).all():
+        return f"{which}: {disturbed_reason(option=INCLUDE_DISTURBED)}"
+    return f"{which}: the settings table gives each one's reason in its speedup column"

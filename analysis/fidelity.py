@@ -154,12 +154,12 @@ def live_sums(group: pd.DataFrame) -> dict[str, float]:
                                                         "expected_accepted", "steps")}  # fmt: skip
 
 
-def decomposition_row(group: pd.DataFrame) -> dict:
+def decomposition_row(group: pd.DataFrame, include_disturbed: bool = False) -> dict:
     """Speed, tau and score (bench.summary's numbers) with the live verifier's cost per generated
     token: ``kl_per_token`` (sum of judged KL / sum of new tokens, nats: an unbiased estimate of the
     sequence-level KL(verifier's output || target's) per token) and ``deviation_rate`` (judged TV /
     new tokens)."""
-    summary = summarise_paired(group)
+    summary = summarise_paired(group, include_disturbed)
     live = live_sums(group)
     tokens = group["new_tokens"].sum()
     return {"prompts": summary["prompts"], "tokens": summary["tokens"], "tau": summary["tau"],
@@ -172,13 +172,13 @@ def decomposition_row(group: pd.DataFrame) -> dict:
             "score_ci_low": summary["score_ci_low"], "score_ci_high": summary["score_ci_high"]}  # fmt: skip
 
 
-def decomposition_table(frame: pd.DataFrame) -> pd.DataFrame:
+def decomposition_table(frame: pd.DataFrame, include_disturbed: bool = False) -> pd.DataFrame:
     """One row per cell (live verifier and setting, per task), in the sweep's cell order, then one
     pooled ``task = all`` row per setting where the sweep has several tasks (in the order of each
     setting's first cell). Each method row is paired with the baseline row of its own run folder,
     baseline identity (cells.BASELINE_IDENTITY) and prompt; speedups use the rows that have one (NaN
-    where none has), everything else every row. A setting run without fidelity keeps its speed and
-    score, its KL and deviation rate NaN.
+    where none has), less the disturbed ones unless ``include_disturbed``, everything else every row.
+    A setting run without fidelity keeps its speed and score, its KL and deviation rate NaN.
 
     Columns: ``cell`` (its name; empty on pooled rows), the setting, ``live`` (its label), then
     prompts, tokens, tau (pooled), tau_request_mean (bench.summary.tau_request_mean), expected_tau,
@@ -196,13 +196,13 @@ def decomposition_table(frame: pd.DataFrame) -> pd.DataFrame:
     for key, group in rows.groupby(SETTING, dropna=False, sort=False):
         first = group.loc[group["order"].idxmin()]
         per_task.append((first["order"], {"cell": first["cell"], **dict(zip(SETTING, key)), "live": first["label"],
-                                          **decomposition_row(group)}))  # fmt: skip
+                                          **decomposition_row(group, include_disturbed)}))  # fmt: skip
     if rows["task"].nunique() > 1:
         setting = [name for name in SETTING if name != "task"]
         for key, group in rows.groupby(setting, dropna=False, sort=False):
             first = group.loc[group["order"].idxmin()]
-            pooled_rows.append((first["order"], {"cell": "", **dict(zip(setting, key)), "task": ALL_TASKS,
-                                                 "live": first["label"], **decomposition_row(group)}))  # fmt: skip
+            pooled_rows.append((first["order"], {"cell": "", **dict(zip(setting, key)), "task": ALL_TASKS, "live": first["label"],
+                                                 **decomposition_row(group, include_disturbed)}))  # fmt: skip
     ordered = [row for _, row in sorted(per_task, key=lambda item: item[0])]
     ordered += [row for _, row in sorted(pooled_rows, key=lambda item: item[0])]
     return pd.DataFrame(ordered)[["cell", *SETTING, *[c for c in ordered[0] if c not in ("cell", *SETTING)]]]

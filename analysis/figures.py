@@ -7,6 +7,8 @@ Every figure takes the tidy tables of cells.py / acceptance.py / fidelity.py, ne
 
 from __future__ import annotations
 
+import itertools
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -15,10 +17,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from mars_bench.strict_rule import strict_verifier  # noqa: E402
 
-from .cells import NotEnoughData  # noqa: E402
+from .cells import NotEnoughData, missing_speedups  # noqa: E402
 
 DPI = 130
 DRAFTERS = {"model": "separate draft model", "model_tree": "separate draft model, top-k tree", "layerskip": "layer-skip",
@@ -43,6 +46,25 @@ def _title(summary: pd.DataFrame) -> str:
              f"drafter: {', '.join(drafters)}",
              f"T = {', '.join(f'{t:g}' for t in sorted(summary['temperature'].unique()))}"]  # fmt: skip
     return " | ".join(parts)
+
+
+def _log_counts(axis) -> None:
+    """Make ``axis``'s y axis a log axis of counts labelled in plain numbers, never ``2×10⁰``: every integer
+    where it spans a decade or less, 1, 2, 5, 10, 20, ... up to three decades, else 1, 10, 100, ...;
+    call it after drawing."""
+    axis.set_yscale("log")
+    low, high = axis.get_ylim()
+    decades = np.log10(max(high, 1.0) / max(low, 0.5))
+    subs = tuple(range(1, 10)) if decades <= 1 else ((1.0, 2.0, 5.0) if decades <= 3 else (1.0,))
+    axis.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+    axis.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _no_data(axis, reason: str) -> None:
+    """Write ``reason`` across an empty panel."""
+    axis.text(0.5, 0.5, textwrap.fill(reason, 70), ha="center", va="center", fontsize=8, transform=axis.transAxes,
+              bbox={"facecolor": "white", "edgecolor": "grey", "boxstyle": "round"}, zorder=5)  # fmt: skip
 
 
 def _error_bars(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray | None:
@@ -75,10 +97,16 @@ def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
             if len(reference) and metric != "trigger_rate":
                 axis.axhline(reference[metric].iloc[0], color=color, linestyle="--", linewidth=1,
                              label=f"{reference['verifier'].iloc[0]} (strict), {where}")  # fmt: skip
+    axes[0].axhline(1.0, color="grey", linewidth=1, label="AR baseline (1x)")
+    low, high = axes[0].get_ylim()
+    pad = 0.05 * (high - low)  # the 1x line clear of the panel's edge, where speedups all lie above it
+    axes[0].set_ylim(min(low, 1.0 - pad), max(high, 1.0 + pad))
+    if mars["speedup"].isna().all():  # every mars cell lost its speedup: say why where the lines would be
+        _no_data(axes[0], missing_speedups(pd.concat([mars, strict]).drop_duplicates(["task", "conditions", "label"])))
     for axis, (_metric, label, _ci) in zip(axes, panels):
         axis.set_ylabel(label, fontsize=8)
         axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2, loc="best")
+    figure.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=2, loc="outside lower center")  # over no line
     axes[-1].set_xlabel("theta (MARS accepts the drafted runner-up when z2 / z1 > theta)")
     axes[-1].set_xticks(sorted(mars["theta"].unique()))
     prompts = int(mars["prompts"].max())
@@ -100,6 +128,8 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
 def pareto(summary: pd.DataFrame, path: Path) -> Path:
     """Score against speedup for every verifier and theta, one panel per task; the front joined."""
     scored = summary.dropna(subset=["score", "speedup"])
+    if scored.empty and summary["speedup"].isna().all():
+        raise NotEnoughData(missing_speedups(summary))
     if scored.empty:
         raise NotEnoughData("the Pareto front needs settings with both a speedup and a score")
     tasks = sorted(scored["task"].unique())
@@ -131,19 +161,40 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path:
 
 
 def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
-    """alpha_d (accepted / reached at draft depth d) per method, one panel per task."""
+    """alpha_d (accepted / reached at draft depth d) per method with its bootstrap 95% CI over prompts, one
+    column of panels per task; under it, how many drafts reached each depth. The alpha axes are shared
+    and run from the tenth below the lowest interval up to 1 (every draft accepted), so that no panel
+    magnifies differences smaller than its own intervals."""
     tasks = sorted(alpha["task"].unique())
-    figure, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4), squeeze=False, layout="constrained")
-    for axis, task in zip(axes[0], tasks):
-        for label, rows in alpha[alpha["task"] == task].groupby("label", sort=True):
-            axis.plot(rows["depth"], rows["alpha"], marker="o", label=label)
-        axis.set_title(task)
-        axis.set_xlabel("draft depth d")
-        axis.set_xticks(sorted(alpha["depth"].unique()))
-        axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel("alpha_d = accepted / drafts reaching depth d")
-    axes[0][-1].legend(fontsize=7)
-    figure.suptitle(f"Acceptance per draft depth\n{_title(alpha)}", fontsize=9)
+    figure, axes = plt.subplots(2, len(tasks), figsize=(5.2 * len(tasks), 6.8), squeeze=False, sharex=True, sharey="row",
+                                height_ratios=[2, 1], layout="constrained")  # fmt: skip
+    labels = sorted(alpha["label"].unique())
+    width = 0.5 / max(len(labels), 1)  # the methods side by side at each depth, so that their bars do not hide each other
+    for (rate_axis, count_axis), task in zip(axes.T, tasks):
+        for color, label in zip(itertools.cycle(plt.cm.tab10.colors), labels):  # every method, colours repeating past 10
+            rows = alpha[(alpha["task"] == task) & (alpha["label"] == label)]
+            if rows.empty:
+                continue
+            x = rows["depth"] + (labels.index(label) - (len(labels) - 1) / 2) * width
+            errors = _error_bars(rows["alpha"], rows["alpha_ci_low"], rows["alpha_ci_high"])
+            rate_axis.errorbar(x, rows["alpha"], yerr=errors, marker="o", markersize=4, capsize=2, color=color, label=label)
+            count_axis.plot(x, rows["reached"], marker=".", color=color, label=label)
+        rate_axis.set_title(task)
+        count_axis.set_xlabel("draft depth d")
+        count_axis.set_xticks(sorted(alpha["depth"].unique()))
+        for axis in (rate_axis, count_axis):
+            axis.grid(alpha=0.3)
+    lowest = pd.concat([alpha["alpha_ci_low"], alpha["alpha"]]).min()
+    bottom = max(0.0, np.floor(lowest * 10) / 10) if pd.notna(lowest) else 0.0
+    axes[0][0].set_ylim(bottom - 0.01, 1.01)  # a margin at both ends, so that a point at 0 or 1 shows whole
+    axes[1][0].set_ylim(0, alpha["reached"].max() * 1.08)
+    axes[0][0].set_ylabel("alpha_d = accepted / reached at depth d", fontsize=9)
+    axes[1][0].set_ylabel("drafts reaching depth d", fontsize=9)
+    handles = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels())}  # every task's
+    figure.legend(handles.values(), handles.keys(), fontsize=7, ncol=min(len(handles), 4), loc="outside lower center")
+    prompts = int(alpha["prompts"].max())
+    figure.suptitle(f"Acceptance per draft depth (up to {prompts} prompts per method; bars: bootstrap 95% CI over "
+                    f"prompts)\n{_title(alpha)}", fontsize=9)  # fmt: skip
     return _save(figure, path)
 
 
@@ -165,7 +216,7 @@ def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path
         theta = table.loc[table["label"] == label, "theta"].iloc[0]
         if pd.notna(theta):
             axis.axvline(float(theta), color="black", linestyle=":", linewidth=1, label=f"theta {theta:g}")
-        axis.set_yscale("log")
+        _log_counts(axis)
         axis.set_title(label, fontsize=9)
         axis.legend(fontsize=6)
         axis.grid(alpha=0.3)
@@ -200,7 +251,7 @@ def acceptance_by_margin_plot(binned: pd.DataFrame, path: Path) -> Path:
     rate_axis.legend(fontsize=7)
     rate_axis.grid(alpha=0.3)
     count_axis.set_ylabel("positions in bin (log)")
-    count_axis.set_yscale("log")
+    _log_counts(count_axis)
     count_axis.grid(alpha=0.3)
     count_axis.set_xticks(range(len(names)), names, rotation=45, fontsize=7)
     count_axis.set_xlabel("margin bin z2 / z1")

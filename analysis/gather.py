@@ -1,9 +1,15 @@
-"""Gather every records file below run or sweep folders into one tidy table."""
+"""Gather every records file below run or sweep folders into one tidy table.
+
+A run folder none of whose rows decoded (a run refused for a bad value, a cell that failed before its
+first prompt) is left out: its failure rows would only add a failed setting, and conditions that vary
+only because of it, to every label. ``gather_runs`` says which folders it left out and why.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -24,15 +30,48 @@ class NoRecordsError(ValueError):
     """Nothing to analyse: the message says where we looked."""
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A run folder that never decoded a row: how many (failure) rows it holds and the first error."""
+
+    folder: str
+    rows: int
+    error: str
+
+
+@dataclass
+class Gathered:
+    """The records of the folders that decoded (``frame``, as ``gather`` gives it) and the folders left out."""
+
+    frame: pd.DataFrame
+    left_out: list[LeftOut] = field(default_factory=list)
+
+
+def never_decoded(records: Path, rows: list[dict]) -> LeftOut | None:
+    """The folder of ``records`` as left out, where none of its ``rows`` decoded; else None."""
+    if any(row.get("status", "ok") == "ok" for row in rows):
+        return None
+    error = next((str(row["error"]) for row in rows if row.get("error")), "no error recorded")
+    return LeftOut(str(records.parent), len(rows), error.splitlines()[0][:300])
+
+
 def gather(folders: list[str | Path]) -> pd.DataFrame:
-    """One row per record; ``run_dir`` says which folder it came from (several sweeps, machines)."""
-    frames = []
+    """One row per record; ``run_dir`` says which folder it came from (several sweeps, machines). Folders
+    that never decoded a row are left out (``gather_runs`` names them)."""
+    return gather_runs(folders).frame
+
+
+def gather_runs(folders: list[str | Path]) -> Gathered:
+    """``gather``'s table, and the run folders it left out because none of their rows decoded."""
+    frames, left_out = [], []
     for folder in map(Path, folders):
         if not folder.exists():
             raise NoRecordsError(f"folder {str(folder)!r} does not exist")
         for records in sorted(folder.rglob(RECORDS_FILE)):
             rows = list(read_rows(records))
-            if rows:
+            if rows and (refused := never_decoded(records, rows)):
+                left_out.append(refused)
+            elif rows:
                 run = pd.DataFrame(rows).assign(run_dir=str(records.parent))
                 if any(row.get("schema_version", 1) < 4 for row in rows):  # written before verifier_setting
                     run["manifest_setting"] = manifest_setting(records)
@@ -40,7 +79,8 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
                     add_manifest_conditions(run, records)
                 frames.append(run)
     if not frames:
-        raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}")
+        failed = f"; folders that hold only failures: {len(left_out)} (first: {left_out[0].error})" if left_out else ""
+        raise NoRecordsError(f"no {RECORDS_FILE} with finished rows below {', '.join(map(str, folders))}{failed}")
     frame = pd.concat(frames, ignore_index=True)
     for column, default in OPTIONAL.items():  # fields that older writers did not write, in some files or all
         if column not in frame:
@@ -50,7 +90,7 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
-    return name_conditions(name_drafter_settings(theta_from_settings(upgrade_old_records(frame))))
+    return Gathered(name_conditions(name_drafter_settings(theta_from_settings(upgrade_old_records(frame)))), left_out)
 
 
 def manifest(records: Path) -> dict:

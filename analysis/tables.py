@@ -1,12 +1,13 @@
 """The MARS paper's Table 1 layout: rows = target (and drafter), column groups = tasks,
 cells = speedup and tau per verifier (tau pooled, then its mean per request beside it: see
-``bench.summary.tau_request_mean``), and a Mean column (unweighted over tasks)."""
+``bench.summary.tau_request_mean``), and a Mean column (unweighted over tasks, empty where a task
+has no value: a mean over fewer tasks would not compare with the other rows')."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from .cells import method_summary
+from .cells import method_summary, setting_name
 
 ROWS = ["model", "drafter", "temperature", "label"]
 METRICS = ("speedup", "tau", "tau_request_mean")  # per task, in this order
@@ -14,14 +15,26 @@ METRICS = ("speedup", "tau", "tau_request_mean")  # per task, in this order
 
 def table1(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
     """Wide table: index (model, drafter, temperature, method), columns (task, speedup|tau|tau_request_mean)
-    plus (Mean, ...)."""
+    plus (Mean, ...); NaN where a setting has no value (table1_notes says why)."""
     cells = method_summary(frame) if summary is None else summary
-    wide = cells.pivot_table(index=ROWS, columns="task", values=list(METRICS))
+    wide = cells.pivot_table(index=ROWS, columns="task", values=list(METRICS), dropna=False)
     wide = wide.swaplevel(0, 1, axis=1)
-    wide = wide[sorted(wide.columns, key=lambda column: (column[0], METRICS.index(column[1])))]
+    every = pd.MultiIndex.from_product([sorted(cells["task"].unique()), METRICS])  # a metric missing everywhere stays, empty
+    wide = wide.reindex(columns=every).dropna(how="all", axis=0).rename_axis(columns=["task", None])
     for metric in METRICS:
-        wide[("Mean", metric)] = cells.pivot_table(index=ROWS, columns="task", values=metric).mean(axis=1)
+        wide[("Mean", metric)] = wide.xs(metric, axis=1, level=1).mean(axis=1, skipna=False)
     return wide.rename_axis(index={"label": "method", "temperature": "T"})
+
+
+def table1_notes(summary: pd.DataFrame) -> list[str]:
+    """What table1.md says under the table about its empty cells (``summary``: method_summary's table):
+    why each setting without a speedup has none, and that a Mean is empty where a task is."""
+    missing = summary[summary["speedup"].isna()]
+    if missing.empty:
+        return []
+    lines = ["`-`: no value. Where a speedup is missing:", ""]
+    lines += [f"- {setting_name(row)}: {row['speedup_note']}" for _, row in missing.iterrows()]
+    return [*lines, "", "A Mean is empty where one of its tasks is."]
 
 
 def to_markdown(table: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
@@ -48,5 +61,10 @@ def to_markdown(table: pd.DataFrame, formats: dict[str, str] | None = None) -> s
 
 
 def to_latex(table: pd.DataFrame) -> str:
-    """booktabs LaTeX (toprule / midrule / bottomrule), two decimals."""
-    return table.style.format("{:.2f}").to_latex(hrules=True, multicol_align="c")
+    """booktabs LaTeX (toprule / midrule / bottomrule): two decimals, as to_markdown shows them (the
+    temperature too), ``--`` where to_markdown shows ``-`` (no value), names escaped for LaTeX."""
+    styler = table.style.format("{:.2f}", na_rep="--").format_index(escape="latex", axis=1)
+    for level in range(table.index.nlevels):
+        floats = pd.api.types.is_float_dtype(table.index.get_level_values(level))
+        styler = styler.format_index("{:.2f}" if floats else None, escape=None if floats else "latex", axis=0, level=level)
+    return styler.to_latex(hrules=True, multicol_align="c")

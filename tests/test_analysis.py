@@ -284,7 +284,8 @@ def test_every_registered_drafter_has_a_readable_figure_name():
 def test_records_older_than_drafter_setting_are_told_apart_by_gamma(tmp_path):
     write_run(tmp_path / "a", [record(0, "baseline", 10, 2.0, 9, gamma=3), record(0, "mars", 10, 1.0, 3, gamma=3)])
     write_run(tmp_path / "b", [record(0, "baseline", 10, 2.0, 9, gamma=5), record(0, "mars", 10, 1.0, 3, gamma=5)])
-    write_run(tmp_path / "c", [record(0, "mars", 0, 0.0, 0, status="failed")])  # no gamma: the column turns float
+    # no gamma: the column turns float (with a finished row: a folder that never decoded is left out)
+    write_run(tmp_path / "c", [record(1, "baseline", 10, 2.0, 9), record(1, "mars", 0, 0.0, 0, status="failed")])
     new = [record(0, m, 10, 2.0, 9, gamma=5, drafter_setting="gamma=5") for m in ("baseline", "mars")]
     write_run(tmp_path / "d", new)  # a newer writer, same setting as "b"
     frame = gather([tmp_path])
@@ -298,6 +299,9 @@ def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "analysis: error: folder" in capsys.readouterr().err
     write_run(tmp_path / "failed", [record(0, "mars", 0, 0.0, 0, status="failed")])
+    with pytest.raises(NoRecordsError, match="folders that hold only failures: 1"):  # a folder that never decoded
+        gather([tmp_path])
+    write_run(tmp_path / "baseline", [record(0, "baseline", 10, 2.0, 9), record(0, "mars", 0, 0.0, 0, status="failed")])
     with pytest.raises(NotEnoughData, match="no finished method rows"):
         method_summary(gather([tmp_path]))
 

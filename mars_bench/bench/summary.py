@@ -97,8 +97,32 @@ def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[
 
 
 TERMINAL = ["cell", "method", "verifier", "verifier_setting", "prompts", "disturbed", "tokens", "tok_per_s", "speedup",
-            "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "tau", "tau_request_mean", "relaxed", "trigger_rate",
-            "agreement", "score"]  # fmt: skip
+            "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "speedup_note", "tau", "tau_request_mean", "relaxed",
+            "trigger_rate", "agreement", "score"]  # fmt: skip
+RUN_OPTION = "include_disturbed=true"  # how the app is told to count disturbed rows (the analysis: --include-disturbed)
+
+
+def disturbed_reason(count: int | None = None, option: str = RUN_OPTION) -> str:
+    """Why there is no speedup: the timing of every one of the ``count`` prompts (``None``: of every
+    prompt) was disturbed, the method's row or its baseline's (the ``disturbed`` column counts them)."""
+    prompts = "every prompt was" if count is None else ("its 1 prompt was" if count == 1 else f"all {count} prompts were")
+    return f"{prompts} disturbed; rerun on an idle machine, or pass `{option}`"
+
+
+def speedup_note(speedup: float, disturbed: int, option: str = RUN_OPTION) -> str:
+    """What a summary says where a speedup is missing (empty where there is one): the timing of every
+    paired prompt was disturbed (``disturbed`` of them; speedups leave them out unless ``option`` counts
+    them), or no prompt has a finished baseline row."""
+    if pd.notna(speedup):
+        return ""
+    if disturbed:
+        return f"no speedup: {disturbed_reason(int(disturbed), option)}"
+    return "no speedup: no prompt has a finished baseline row"
+
+
+def speedup_notes(summary: pd.DataFrame, option: str = RUN_OPTION) -> list[str]:
+    """``speedup_note`` of every row of a summary table (columns ``speedup`` and ``disturbed``)."""
+    return [speedup_note(speedup, disturbed, option) for speedup, disturbed in zip(summary["speedup"], summary["disturbed"])]
 
 
 def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd.DataFrame:
@@ -118,7 +142,9 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd
             setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
                 "verifier": group["verifier"].iloc[0], "verifier_setting": recorded_setting(group)}  # fmt: skip
             out.append({"cell": cell, "method": method, **setting, **summary})
-    return pd.DataFrame(out)[TERMINAL]
+    table = pd.DataFrame(out)
+    table["speedup_note"] = speedup_notes(table)
+    return table[TERMINAL]
 
 
 def recorded_setting(rows: pd.DataFrame) -> str:
@@ -144,7 +170,7 @@ def disturbed_rows(frame: pd.DataFrame) -> list[str]:
     return names
 
 
-def disturbed_note(names: list[str], included: bool, option: str = "include_disturbed=true", limit: int = 20) -> str:
+def disturbed_note(names: list[str], included: bool, option: str = RUN_OPTION, limit: int = 20) -> str:
     """What a report says about the disturbed rows ``names``: how many, how the speedups treat them
     (``included``: counted, as ``option`` asked) and the first ``limit`` of them by name."""
     treatment = f"counted in the speedups ({option})" if included else (
@@ -159,7 +185,8 @@ def disturbed_note(names: list[str], included: bool, option: str = "include_dist
 def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: bool = False) -> str:
     """A Markdown table for the terminal; then ``disturbed`` (the names of the rows other processes
     disturbed, from ``disturbed_rows``) with whether the speedups count them (``included``). The
-    table's ``disturbed`` column counts the prompts each speedup leaves out."""
+    table's ``disturbed`` column counts the prompts each speedup leaves out (counts, with
+    ``include_disturbed``); a missing speedup gives its reason in its place (``speedup_note``)."""
     if summary.empty:
         return "no finished rows to summarise"
     lines = [
@@ -172,10 +199,10 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
         return "-" if value is None or pd.isna(value) else pattern.format(value)
 
     for row in summary.to_dict("records"):
-        ci = f"{fmt(row['speedup'])}x [{fmt(row['speedup_ci_low'])}, {fmt(row['speedup_ci_high'])}]"
+        ci = row.get("speedup_note") or f"{fmt(row['speedup'])}x [{fmt(row['speedup_ci_low'])}, {fmt(row['speedup_ci_high'])}]"
         lines.append(
             f"| {row['cell']} | {row['method']} | {row['prompts']} | {row['disturbed']} | {fmt(row['tok_per_s'])} | {ci} | "
-            f"{fmt(row['speedup_mean_rate'])}x | {fmt(row['tau'])} | {fmt(row['tau_request_mean'])} | "
+            f"{fmt(row['speedup_mean_rate'], '{:.2f}x')} | {fmt(row['tau'])} | {fmt(row['tau_request_mean'])} | "
             f"{fmt(row['trigger_rate'], '{:.3f}')} | {fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
         )
     if disturbed:
