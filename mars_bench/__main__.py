@@ -23,20 +23,35 @@ def main(cfg: DictConfig) -> None:
     from mars_bench.bench.cell import failure_record, run_cell
     from mars_bench.bench.failures import FAILED_EXIT, failure_line
     from mars_bench.bench.records import RecordWriter
+    from mars_bench.bench.run_folder import (
+        CONFIG_FILE,
+        INTERRUPTED_EXIT,
+        check_writable,
+        interrupted_line,
+        recorded_cell,
+        refuse,
+        resume_command,
+        resuming_line,
+    )
     from mars_bench.bench.summary import write_summary
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     folder = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
-    name = cell_name(hydra_cfg)
+    name = recorded_cell(folder) or cell_name(hydra_cfg)
     try:
         check_writable(folder)
     except OSError as error:
-        print(f"mars_bench: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(error)
+    if (folder / CONFIG_FILE).is_file():  # a cell has started here before
+        print(resuming_line(folder), file=sys.stderr)
     try:
         rows = run_cell(cfg, folder, name=name)
-    except Exception as error:  # the cell cannot run (bad input, a model that will not load, ...)
+    except KeyboardInterrupt:  # Ctrl-C: every finished row is on disk, the claim is released
+        command = resume_command(sys.argv[1:], hydra_cfg.sweep.dir if multirun else None)
+        print(interrupted_line(folder, command), file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    except Exception as error:  # the cell cannot run (a model that will not load, ...)
         RecordWriter(folder).write(failure_record(cfg, name, error))
         print(f"mars_bench: error: {error}", file=sys.stderr)
         if multirun:
@@ -56,32 +71,27 @@ def cell_name(hydra_cfg) -> str:
     return ",".join(overrides) or "default"
 
 
-def check_writable(folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise OSError(
-            f"output folder {str(folder)!r} cannot be written ({error.strerror}); allowed is a writable folder"
-        ) from None
-
-
 def start() -> None:
-    """Refuse a misspelt drafter or verifier key, a SLURM sweep over targets, or a launcher whose extra is
-    not installed, in one line before Hydra composes the config."""
-    from mars_bench.config import check_override_keys, check_slurm_sweep
+    """Refuse a misspelt group option, drafter or verifier key, a value of the wrong type, a SLURM sweep
+    over targets, or a launcher whose extra is not installed, in one line before Hydra composes the config."""
+    from mars_bench.bench.run_folder import INTERRUPTED_EXIT
+    from mars_bench.config import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
     from mars_bench.extras import check_launcher
 
     try:
+        check_group_choices(sys.argv[1:])
         check_override_keys(sys.argv[1:])
+        check_override_values(sys.argv[1:])
         check_slurm_sweep(sys.argv[1:])
         check_launcher(sys.argv[1:])
     except ValueError as error:
         print(f"mars_bench: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # before the cell began or after it ended (main says more while it runs)
+        print("mars_bench: interrupted", file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
 
 
 if __name__ == "__main__":
