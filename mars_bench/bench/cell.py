@@ -143,6 +143,7 @@ class Cell:
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
         self.meter = ContentionMeter()
+        self.on_tokens: Callable[[int], None] | None = None  # the progress bar's, while the rows are decoded
 
     def build_scorer(self) -> Any:
         task, model = self.cfg.task, self.cfg.model
@@ -168,6 +169,7 @@ class Cell:
             seed=seed,
             shadow=list(self.shadows.values()) if method.verifier is not None else (),
             fidelity=cfg.fidelity and method.verifier is not None,
+            on_tokens=self.on_tokens,
             **method.spec.decode_kwargs(),
         )
 
@@ -216,6 +218,7 @@ class Cell:
         with TokenProgress(len(planned), self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
             if len(kept) < len(planned):
                 self.warm_up()
+            self.on_tokens = bar.tick if progress else None
             for index, question in enumerate(self.questions):
                 order = self.methods if index % 2 == 0 else self.methods[::-1]
                 waiting: list[Record] = []  # method rows decoded before their baseline rows exist

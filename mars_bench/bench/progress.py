@@ -1,41 +1,21 @@
 """A cell's progress bar, counted in generated tokens.
 
-It moves as each row (one turn of one method) is decoded, by the row's new tokens: the engine's
-decode loop is left alone, so the timed decode carries no progress work. Its total is every planned
-row's ``max_new_tokens``, lowered as a row ends short of it (a stop token, a failure), so that it
-reaches exactly the tokens generated. The postfix gives, so far, each method's throughput and the
-speculative method's tau, pooled as the summary pools them (``bench/summary.py``).
+It moves while a row (one turn of one method) is decoded, after every verification step, by the
+engine's ``on_tokens`` call, whose time is left out of the method's; as the row ends it settles on the
+row's new tokens. Its total is every planned row's ``max_new_tokens``, lowered as a row ends short of it
+(a stop token, a failure), so that it reaches exactly the tokens generated. The postfix gives, over the
+rows finished so far, each method's throughput and the speculative method's tau, pooled as the summary
+pools them (``bench/summary.py``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from mars_bench.bench.records import BASELINE
-
-
-@dataclass
-class MethodTotals:
-    """One method's finished rows so far: tokens, seconds (prefill + decode) and verification steps."""
-
-    new_tokens: int = 0
-    seconds: float = 0.0
-    emitted: int = 0  # tokens after the prefill's one, the ones verification steps produced
-    steps: int = 0
-
-    def add(self, row: Mapping[str, Any]) -> None:
-        self.new_tokens += row["new_tokens"]
-        self.seconds += row["prefill_s"] + row["decode_s"]
-        self.emitted += max(row["new_tokens"] - 1, 0)
-        self.steps += row["steps"]
-
-    def tokens_per_s(self) -> float | None:
-        return self.new_tokens / self.seconds if self.seconds else None
-
-    def tau(self) -> float | None:
-        return self.emitted / self.steps if self.steps else None
+from mars_bench.decoding.tally import DecodeTally
 
 
 class TokenProgress:
@@ -46,7 +26,8 @@ class TokenProgress:
         from tqdm import tqdm
 
         self.max_new_tokens = max_new_tokens
-        self.totals: dict[str, MethodTotals] = {}
+        self.totals: dict[str, DecodeTally] = {}  # method -> its finished rows
+        self.in_flight = 0  # tokens shown so far of the row being decoded
         total, done = planned * max_new_tokens, 0
         for row in kept:
             tokens = self.take(row)
@@ -59,22 +40,32 @@ class TokenProgress:
         """Count a finished row in its method's totals; returns its new tokens (0 for a failed row)."""
         if row["status"] != "ok":
             return 0
-        self.totals.setdefault(row["method"], MethodTotals()).add(row)
+        seconds = row["prefill_s"] + row["decode_s"]
+        self.totals.setdefault(row["method"], DecodeTally()).count(row["new_tokens"], seconds, row["steps"], row["drafted"],
+                                                                   row["accepted"])  # fmt: skip
         return min(row["new_tokens"], self.max_new_tokens)
 
+    def tick(self, new_tokens: int) -> None:
+        """The row being decoded has ``new_tokens`` so far (a decode timed again starts from 0: the bar waits)."""
+        ahead = min(new_tokens, self.max_new_tokens) - self.in_flight
+        if ahead > 0:
+            self.in_flight += ahead
+            self.bar.update(ahead)
+
     def add(self, row: Mapping[str, Any]) -> None:
-        """A row just decoded: the bar moves on by its tokens, and its total drops by the budget it left unused."""
+        """A row just finished: the bar stands at its tokens, and its total drops by the budget it left unused."""
         tokens = self.take(row)
         self.bar.total -= self.max_new_tokens - tokens
-        self.bar.update(tokens)
+        self.bar.update(tokens - self.in_flight)  # back, for a failed row, by what it had shown
+        self.in_flight = 0
         self.show()
 
     def show(self) -> None:
         parts = []
-        for method, totals in self.totals.items():
-            rate, tau = totals.tokens_per_s(), totals.tau()
-            text = f"{method} {rate:.1f} tok/s" if rate is not None else method
-            parts.append(text + (f" tau {tau:.2f}" if method != BASELINE and tau is not None else ""))
+        for method, tally in self.totals.items():
+            rate, tau = tally.tokens_per_s, tally.tau
+            text = method if math.isnan(rate) else f"{method} {rate:.1f} tok/s"
+            parts.append(text + ("" if method == BASELINE or math.isnan(tau) else f" tau {tau:.2f}"))
         self.bar.set_postfix_str(", ".join(parts))
 
     def close(self) -> None:
