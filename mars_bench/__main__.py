@@ -20,25 +20,31 @@ register_configs()
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    from mars_bench.bench.cell import failure_record, run_cell
-    from mars_bench.bench.failures import FAILED_EXIT, failure_line
-    from mars_bench.bench.records import RecordWriter
-    from mars_bench.bench.run_folder import (
-        CONFIG_FILE,
-        INTERRUPTED_EXIT,
-        check_writable,
-        interrupted_line,
-        recorded_cell,
-        refuse,
-        resume_command,
-        resuming_line,
-    )
-    from mars_bench.bench.summary import write_summary
+    from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line, remove_if_unused, resume_command
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     folder = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
-    name = recorded_cell(folder) or cell_name(hydra_cfg)
+    try:
+        run(cfg, folder, cell_name(hydra_cfg), multirun)
+    except KeyboardInterrupt:  # Ctrl-C: every finished row is on disk, the cell's claim is released
+        command = resume_command(sys.argv[1:], hydra_cfg.sweep.dir if multirun else None)
+        print(interrupted_line(folder, command), file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    finally:
+        if not multirun and not cfg.output_dir:  # a folder the app chose, left with only Hydra's files
+            remove_if_unused(folder, {str(hydra_cfg.output_subdir), f"{hydra_cfg.job.name}.log"})
+
+
+def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
+    """Run the cell into ``folder`` (resuming the rows it holds), then print its summary."""
+    from mars_bench.bench.cell import failure_record, run_cell
+    from mars_bench.bench.failures import FAILED_EXIT, failure_line
+    from mars_bench.bench.records import RecordWriter
+    from mars_bench.bench.run_folder import CONFIG_FILE, check_writable, recorded_cell, refuse, resuming_line
+    from mars_bench.bench.summary import write_summary
+
+    name = recorded_cell(folder) or name
     try:
         check_writable(folder)
     except OSError as error:
@@ -47,10 +53,6 @@ def main(cfg: DictConfig) -> None:
         print(resuming_line(folder), file=sys.stderr)
     try:
         rows = run_cell(cfg, folder, name=name)
-    except KeyboardInterrupt:  # Ctrl-C: every finished row is on disk, the claim is released
-        command = resume_command(sys.argv[1:], hydra_cfg.sweep.dir if multirun else None)
-        print(interrupted_line(folder, command), file=sys.stderr)
-        raise SystemExit(INTERRUPTED_EXIT) from None
     except Exception as error:  # the cell cannot run (a model that will not load, ...)
         RecordWriter(folder).write(failure_record(cfg, name, error))
         print(f"mars_bench: error: {error}", file=sys.stderr)
@@ -74,7 +76,7 @@ def cell_name(hydra_cfg) -> str:
 def start() -> None:
     """Refuse a misspelt group option, drafter or verifier key, a value of the wrong type, a SLURM sweep
     over targets, or a launcher whose extra is not installed, in one line before Hydra composes the config."""
-    from mars_bench.bench.run_folder import INTERRUPTED_EXIT
+    from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line
     from mars_bench.config import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
     from mars_bench.extras import check_launcher
 
@@ -89,8 +91,8 @@ def start() -> None:
         raise SystemExit(2) from None
     try:
         main()
-    except KeyboardInterrupt:  # before the cell began or after it ended (main says more while it runs)
-        print("mars_bench: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # while Hydra composes the config, before main's folder is known
+        print(interrupted_line(None, ""), file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,11 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import RECORDS_FILE, read_rows
+from mars_bench.bench.summary import SUMMARY_FILE
+from mars_bench.files import atomic_replace
 
 CONFIG_FILE = "config.yaml"  # the cell's resolved config, written as it starts: a folder's configuration
 CELL_CLAIM = "cell.claim"  # one process writes a cell's folder at a time (bench/claims.py)
-SUMMARY_FILE = "summary.csv"  # written by bench/summary.write_summary once the cell has run to its end
 COSMETIC = ("progress",)  # config keys that change neither the rows nor how they are measured
 INTERRUPTED_EXIT = 130  # the shell's status for a process ended by SIGINT (128 + 2)
 LAST_ROW_BYTES = 65536  # a whole-cell failure row is far shorter (its error is cut to 2000 characters)
@@ -51,7 +53,8 @@ def identity(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_config(folder: Path, cfg: Any) -> None:
-    (folder / CONFIG_FILE).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    """The resolved config, written whole: another command's ``unfinished_run`` may read it at any moment."""
+    atomic_replace(folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True).encode())
 
 
 def folder_config(folder: Path) -> dict[str, Any] | None:
@@ -181,5 +184,24 @@ def resuming_line(folder: Path) -> str:
     return f"mars_bench: resuming {folder}: {rows_phrase(kept_rows(folder))} kept (output_dir=NEW_FOLDER starts afresh)"
 
 
-def interrupted_line(folder: Path, command: str) -> str:
+def interrupted_line(folder: Path | None, command: str) -> str:
+    """What an interrupted run says: the rows kept in ``folder`` and the ``command`` that resumes them, or,
+    before a cell began there (no folder yet, or one without a config), that nothing was written."""
+    if folder is None or not (folder / CONFIG_FILE).is_file():
+        return "mars_bench: interrupted before the run began: nothing was written"
     return f"mars_bench: interrupted: {rows_phrase(kept_rows(folder))} kept in {folder}; resume with: {command}"
+
+
+def remove_if_unused(folder: Path, hydra_files: set[str]) -> None:
+    """Remove the run folder ``folder`` where it holds nothing but ``hydra_files`` (Hydra's ``.hydra/`` and the
+    job's log): a run stopped before its cell began leaves no folder behind to pile up, nor an empty parent."""
+    try:
+        names = {path.name for path in folder.iterdir()}
+    except OSError:  # gone already, or unreadable: nothing to tidy
+        return
+    if names <= hydra_files:
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            folder.parent.rmdir()  # the day's folder, where this was its only run
+        except OSError:
+            pass
