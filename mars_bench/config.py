@@ -454,6 +454,9 @@ def check_run_config(cfg: Any) -> None:
     if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")
     from mars_bench.tasks import SCORERS
+    from mars_bench.tasks.providers import check_task
+
+    check_task(cfg.task)
 
     if cfg.task.scorer is not None and cfg.task.scorer not in (*SCORERS, "judge"):
         raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))}, judge or null")

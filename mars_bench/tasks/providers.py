@@ -234,15 +234,22 @@ def load_questions(task: Any, data_dir: str | None = None) -> list[Question]:
     return serve_questions(task, data_dir).questions
 
 
-def serve_questions(task: Any, data_dir: str | None = None) -> QuestionSet:
-    """``load_questions``'s questions with the source that served them."""
+def check_task(task: Any) -> None:
+    """Refuse, in one line, a ``task.max_turns`` or ``task.sources`` entry the providers cannot take."""
     max_turns = getattr(task, "max_turns", None)
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
         raise ValueError(f"task.max_turns={max_turns!r} is invalid: allowed is an integer >= 1 or null (every turn)")
-    tried = []
     for name in task.sources:
         if name not in PROVIDERS:
             raise ValueError(f"task.sources entry {name!r} is invalid: allowed are {', '.join(PROVIDERS)}")
+
+
+def serve_questions(task: Any, data_dir: str | None = None) -> QuestionSet:
+    """``load_questions``'s questions with the source that served them."""
+    check_task(task)
+    max_turns = getattr(task, "max_turns", None)
+    tried = []
+    for name in task.sources:
         served = PROVIDERS[name](task, data_dir)
         if isinstance(served, QuestionSet):
             questions = [replace(q, turns=q.turns[:max_turns]) for q in served.questions] if max_turns else served.questions
