@@ -20,23 +20,40 @@ register_configs()
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    from mars_bench.bench.cell import failure_record, run_cell
-    from mars_bench.bench.failures import FAILED_EXIT, failure_line
-    from mars_bench.bench.records import RecordWriter
-    from mars_bench.bench.summary import write_summary
+    from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line, remove_if_unused, resume_command
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     folder = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
-    name = cell_name(hydra_cfg)
+    try:
+        run(cfg, folder, cell_name(hydra_cfg), multirun)
+    except KeyboardInterrupt:  # Ctrl-C: every finished row is on disk, the cell's claim is released
+        command = resume_command(sys.argv[1:], hydra_cfg.sweep.dir if multirun else None)
+        print(interrupted_line(folder, command), file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    finally:
+        if not multirun and not cfg.output_dir:  # a folder the app chose, left with only Hydra's files
+            remove_if_unused(folder, {str(hydra_cfg.output_subdir), f"{hydra_cfg.job.name}.log"})
+
+
+def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
+    """Run the cell into ``folder`` (resuming the rows it holds), then print its summary."""
+    from mars_bench.bench.cell import failure_record, run_cell
+    from mars_bench.bench.failures import FAILED_EXIT, failure_line
+    from mars_bench.bench.records import RecordWriter
+    from mars_bench.bench.run_folder import CONFIG_FILE, check_writable, recorded_cell, refuse, resuming_line
+    from mars_bench.bench.summary import write_summary
+
+    name = recorded_cell(folder) or name
     try:
         check_writable(folder)
     except OSError as error:
-        print(f"mars_bench: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(error)
+    if (folder / CONFIG_FILE).is_file():  # a cell has started here before
+        print(resuming_line(folder), file=sys.stderr)
     try:
         rows = run_cell(cfg, folder, name=name)
-    except Exception as error:  # the cell cannot run (bad input, a model that will not load, ...)
+    except Exception as error:  # the cell cannot run (a model that will not load, ...)
         RecordWriter(folder).write(failure_record(cfg, name, error))
         print(f"mars_bench: error: {error}", file=sys.stderr)
         if multirun:
@@ -56,32 +73,27 @@ def cell_name(hydra_cfg) -> str:
     return ",".join(overrides) or "default"
 
 
-def check_writable(folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise OSError(
-            f"output folder {str(folder)!r} cannot be written ({error.strerror}); allowed is a writable folder"
-        ) from None
-
-
 def start() -> None:
-    """Refuse a misspelt drafter or verifier key, a SLURM sweep over targets, or a launcher whose extra is
-    not installed, in one line before Hydra composes the config."""
-    from mars_bench.config import check_override_keys, check_slurm_sweep
+    """Refuse a misspelt group option, drafter or verifier key, a value of the wrong type, a SLURM sweep
+    over targets, or a launcher whose extra is not installed, in one line before Hydra composes the config."""
+    from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line
+    from mars_bench.config import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
     from mars_bench.extras import check_launcher
 
     try:
+        check_group_choices(sys.argv[1:])
         check_override_keys(sys.argv[1:])
+        check_override_values(sys.argv[1:])
         check_slurm_sweep(sys.argv[1:])
         check_launcher(sys.argv[1:])
     except ValueError as error:
         print(f"mars_bench: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # while Hydra composes the config, before main's folder is known
+        print(interrupted_line(None, ""), file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT) from None
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ before any model is loaded.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields, make_dataclass
-from typing import Any, get_type_hints
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -83,7 +85,7 @@ def settings_schema(common: type, settings: dict[str, type]) -> tuple[type, dict
     Returns the group's schema (the common keys plus every plugin's settings, so that a shadow
     verifier or a sweep override can read any of them; a key two plugins share takes the first
     one's default) and, per plugin, a subclass whose defaults are that plugin's own
-    (``conf/<group>/<name>.yaml`` extends ``<name>_schema``).
+    (``conf/<group>/<name>.yaml`` extends it, stored as ``schema_name(group, name)``).
     """
     hints: dict[str, Any] = {}
     own_defaults: dict[str, dict[str, Any]] = {}
@@ -175,18 +177,36 @@ def cpu_tuned(key: str, value: Any, *, _parent_: Any, _root_: Any) -> Any:
     return getattr(DRAFTER_SCHEMAS[_parent_.name], key)
 
 
+def schema_name(group: str, plugin: str) -> str:
+    """The ConfigStore name of a plugin's schema, which ``conf/<group>/<plugin>.yaml`` extends
+    (``- /<group>_<plugin>_schema@_here_``)."""
+    return f"{group}_{plugin}_schema"
+
+
 def register_configs() -> None:
+    """Store the schemas and register the config's resolvers.
+
+    The schemas are stored outside every config group (at the root, as primary configs are), so that
+    Hydra neither lists them among a group's options (``--help``, its error for an unknown option) nor
+    takes one as a choice: ``verifier=verifier_mars_schema`` is an unknown option."""
     if not OmegaConf.has_resolver("cpu_tuned"):
         OmegaConf.register_new_resolver("cpu_tuned", cpu_tuned)
+    if not OmegaConf.has_resolver("run_folder"):
+        OmegaConf.register_new_resolver("run_folder", run_folder)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
-    store.store(group="model", name="model_schema", node=ModelConfig)
-    store.store(group="drafter", name="drafter_schema", node=DrafterConfig)
-    store.store(group="verifier", name="verifier_schema", node=VerifierConfig)
-    store.store(group="task", name="task_schema", node=TaskConfig)
     for group, schemas in (("drafter", DRAFTER_SCHEMAS), ("verifier", VERIFIER_SCHEMAS)):
         for name, schema in schemas.items():
-            store.store(group=group, name=f"{name}_schema", node=schema)
+            store.store(name=schema_name(group, name), node=schema)
+
+
+def run_folder(root: str, stamp: str, label: str, *, _root_: Any) -> str:
+    """``${run_folder:ROOT,STAMP,LABEL}``, the single run's folder (``hydra.run.dir``): ``output_dir`` where
+    that is set; else the newest unfinished run of this same configuration under ROOT, resumed; else a new
+    ``ROOT/STAMP_LABEL`` (mars_bench/bench/run_folder.py)."""
+    from mars_bench.bench.run_folder import choose_run_folder
+
+    return choose_run_folder(root, stamp, label, _root_)
 
 
 def plugin_settings(settings_class: type, config: Any) -> dict[str, Any]:
@@ -279,6 +299,121 @@ def check_override_keys(overrides: list[str]) -> None:
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
 
 
+ELSEWHERE = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")  # flags that read other configs
+
+
+def parsed_overrides(argv: list[str]) -> list[Any]:
+    """The command line's overrides as Hydra parses them; a word Hydra cannot parse (or a flag's value) is
+    left out, for Hydra itself to report."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser, parsed = OverridesParser.create(), []
+    for word in argv:
+        if word.startswith("-"):
+            continue
+        try:
+            parsed += parser.parse_overrides([word])
+        except HydraException:
+            continue
+    return parsed
+
+
+def override_values(override: Any) -> list[Any]:
+    """The values an override sets: one, or each of a choice sweep's (none for ranges, globs and deletions)."""
+    from hydra.core.override_parser.types import ValueType
+
+    if override.is_delete():
+        return []
+    if override.value_type == ValueType.ELEMENT:
+        return [override.value()]
+    if override.value_type in (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
+        return list(override.sweep_iterator())
+    return []
+
+
+def group_options(roots: list[Path]) -> dict[str, list[str]]:
+    """Each config group below the config folders ``roots`` (``<root>/<group>/<option>.yaml``), with its options."""
+    options: dict[str, set[str]] = {}
+    for root in roots:
+        for path in root.glob("*/*.yaml"):
+            options.setdefault(path.parent.name, set()).add(path.stem)
+    options.pop("hydra", None)  # Hydra's own groups (hydra/launcher: mars_bench.extras.check_launcher)
+    return {group: sorted(names) for group, names in options.items()}
+
+
+def check_group_choices(argv: list[str]) -> None:
+    """Refuse a command-line ``group=option`` whose group has no such option, in one line with the closest
+    option (Hydra's own message lists every option over many lines). The groups are the folders of
+    ``conf/`` and of a ``hydra.searchpath`` folder; a command that reads configs from elsewhere (``-cd``,
+    ``-cp``, ``-cn``, a search path that is not a folder) is left to Hydra."""
+    import difflib
+
+    from mars_bench.paths import CONF_DIR
+
+    if any(word.split("=", 1)[0] in ELSEWHERE for word in argv):
+        return
+    overrides = parsed_overrides(argv)
+    roots = [CONF_DIR]
+    for override in overrides:
+        for value in override_values(override) if override.key_or_group == "hydra.searchpath" else []:
+            entries = [str(entry) for entry in (value if isinstance(value, list) else [value])]
+            if not all(entry.startswith("file://") for entry in entries):
+                return
+            roots += [Path(entry.removeprefix("file://")) for entry in entries]
+    options = group_options(roots)
+    for override in overrides:
+        group = override.key_or_group
+        for choice in override_values(override) if group in options else []:
+            if choice is not None and str(choice) not in options[group]:
+                close = difflib.get_close_matches(str(choice), options[group], n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ValueError(f"{group}={choice} is not a {group} option{hint}: allowed are {', '.join(options[group])}")
+
+
+def schema_type(key: str) -> Any:
+    """The declared type of the config leaf ``key`` (``verifier.theta``: ``float | None``); None where the
+    schema declares none (a group, a key inside a free-form value, an unknown key)."""
+    node: Any = RunConfig
+    for part in key.split("."):
+        hints = get_type_hints(node) if is_dataclass(node) else {}
+        if part not in hints:
+            return None
+        node = hints[part]
+    return None if is_dataclass(node) else node
+
+
+def allowed_values(hint: Any) -> str:
+    """What a value of type ``hint`` may be, as the command line writes it."""
+    members = [member for member in get_args(hint) if member is not type(None)] if get_origin(hint) in UNIONS else [hint]
+    words = {float: "a number", int: "an integer", bool: "true or false", str: "a string", list: "a list [a,b]",
+             dict: "a mapping {key:value}"}  # fmt: skip
+    text = " or ".join(words.get(get_origin(member) or member, str(member)) for member in members)
+    return text + (" or null" if type(None) in get_args(hint) else "")
+
+
+UNIONS = (Union, UnionType)
+
+
+def check_override_values(argv: list[str]) -> None:
+    """Refuse a command-line ``key=value`` whose value the key's declared type cannot take (``verifier.theta=abc``)
+    in one line naming the key, the value and what is allowed (OmegaConf's own message takes several lines).
+    The type is checked as Hydra will check it, by assigning the value to a structured node of that type."""
+    from omegaconf.errors import ValidationError
+
+    for override in parsed_overrides(argv):
+        hint = schema_type(override.key_or_group)
+        if hint is None or hint is Any:
+            continue
+        probe = OmegaConf.structured(make_dataclass("Probe", [("value", hint, field(default=MISSING))]))
+        for value in override_values(override):
+            try:
+                probe.value = value
+            except ValidationError:
+                shown = value if override.is_sweep_override() else override.input_line.split("=", 1)[1]  # as typed
+                raise ValueError(f"{override.key_or_group}={shown} is invalid: allowed is {allowed_values(hint)}") from None
+
+
 def check_slurm_sweep(overrides: list[str]) -> None:
     """Refuse, in one line, a sweep over ``model`` or ``model.resources.*`` under ``hydra/launcher=slurm``:
     Hydra sizes every job of a sweep from one composition, so each target would get the first one's
@@ -319,6 +454,9 @@ def check_run_config(cfg: Any) -> None:
     if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")
     from mars_bench.tasks import SCORERS
+    from mars_bench.tasks.providers import check_task
+
+    check_task(cfg.task)
 
     if cfg.task.scorer is not None and cfg.task.scorer not in (*SCORERS, "judge"):
         raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))}, judge or null")

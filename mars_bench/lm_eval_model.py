@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from lm_eval.api.model import LM
@@ -25,6 +25,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings
+from mars_bench.decoding.tally import DecodeTally
 from mars_bench.drafting import drafter_needs_model, drafter_settings
 from mars_bench.method import MethodSpec
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
@@ -143,50 +144,6 @@ class MarsBenchLM(LM):
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
-
-
-@dataclass
-class DecodeTally:
-    """The decodes of one ``generate_until`` call added up: requests, new tokens, seconds (prefill and
-    decode), verification steps and the tokens they emitted, drafts made and kept."""
-
-    requests: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0
-    emitted: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-    def add(self, result: DecodeResult) -> None:
-        self.requests += 1
-        self.new_tokens += result.new_tokens
-        self.seconds += result.prefill_s + result.decode_s
-        self.steps += result.verify_steps
-        self.emitted += sum(step.emitted for step in result.steps)
-        self.drafted += result.drafted
-        self.accepted += result.accepted
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else float("nan")
-
-    @property
-    def tau(self) -> float:
-        """Tokens per verification step, pooled over the requests (as the app's tables pool it)."""
-        return self.emitted / self.steps if self.steps else float("nan")
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else float("nan")
-
-    def postfix(self) -> str:
-        return f"{self.tokens_per_s:.1f} tok/s, tau {self.tau:.2f}"
-
-    def line(self) -> str:
-        return (f"mars_bench: {self.requests} requests, {self.new_tokens} new tokens in {self.seconds:.1f} s "
-                f"({self.tokens_per_s:.2f} tok/s), tau {self.tau:.2f}, acceptance {self.acceptance:.3f} "
-                f"({self.accepted} of {self.drafted} drafts kept)")  # fmt: skip
 
 
 def request_sampling(gen_kwargs: dict[str, Any], default: SamplingParams) -> SamplingParams:

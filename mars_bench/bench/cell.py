@@ -18,7 +18,9 @@ from mars_bench.bench.baseline_cache import BaselineCache, baseline_conditions, 
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
+from mars_bench.bench.progress import TokenProgress
 from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
+from mars_bench.bench.run_folder import CELL_CLAIM, write_config
 from mars_bench.config import check_run_config, method_spec, shadow_verifiers
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.drafting import drafter_needs_model
@@ -27,7 +29,7 @@ from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_com
 from mars_bench.settings import plugin_label, setting_string
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
-from mars_bench.tasks.providers import load_questions
+from mars_bench.tasks.providers import serve_questions
 from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier
 
@@ -127,7 +129,8 @@ class Cell:
         check_run_config(cfg)
         self.cfg, self.folder, self.name = cfg, folder, name
         self.on_write = on_write  # called after every record (the cell claim's heartbeat)
-        self.questions = load_questions(cfg.task, cfg.data_dir)
+        served = serve_questions(cfg.task, cfg.data_dir)
+        self.questions, self.question_source = served.questions, served.source
         self.writer = RecordWriter(folder)
         self.models = load_models(cfg)
         self.target = self.models["target"]
@@ -140,6 +143,7 @@ class Cell:
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
         self.meter = ContentionMeter()
+        self.on_tokens: Callable[[int], None] | None = None  # the progress bar's, while the rows are decoded
 
     def build_scorer(self) -> Any:
         task, model = self.cfg.task, self.cfg.model
@@ -165,6 +169,7 @@ class Cell:
             seed=seed,
             shadow=list(self.shadows.values()) if method.verifier is not None else (),
             fidelity=cfg.fidelity and method.verifier is not None,
+            on_tokens=self.on_tokens,
             **method.spec.decode_kwargs(),
         )
 
@@ -186,13 +191,10 @@ class Cell:
         kwargs = dict(self.cfg.model.chat_template_kwargs or {})
         return chat_prompt_ids(self.target.tokenizer, messages, self.cfg.task.system_prompt, **kwargs)
 
-    def pending(self) -> bool:
-        return any(
-            not self.writer.has((str(q.question_id), turn, m.label))
-            for q in self.questions
-            for turn in range(1, len(q.turns) + 1)
-            for m in self.methods
-        )
+    def planned(self) -> list[tuple[str, int, str]]:
+        """The key of every row the cell writes: (question, turn, method)."""
+        return [(str(q.question_id), turn, m.label) for q in self.questions for turn in range(1, len(q.turns) + 1)
+                for m in self.methods]  # fmt: skip
 
     def warm_up(self) -> None:
         prompt = self.prompt_ids([{"role": "user", "content": self.questions[0].turns[0]}])
@@ -210,23 +212,25 @@ class Cell:
             }
             for method in self.methods
         }
-        write_manifest(self.folder, build_manifest(config, self.models, seeds, methods))
-        (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-        if self.pending():
-            self.warm_up()
-        from tqdm import tqdm
-
-        for index, question in enumerate(tqdm(self.questions, desc=self.name, disable=not progress)):
-            order = self.methods if index % 2 == 0 else self.methods[::-1]
-            waiting: list[Record] = []  # method rows decoded before their baseline rows exist
-            for method in order:
-                for record in self.run_question(index, question, method):
-                    if method.verifier is not None and not self.writer.has((str(question.question_id), record.turn, BASELINE)):
-                        waiting.append(record)
-                    else:
-                        self.write(record)
-            for record in waiting:
-                self.write(record)
+        write_manifest(self.folder, build_manifest(config, self.models, seeds, methods, self.question_source))
+        planned = self.planned()
+        kept = [self.writer.rows[key] for key in planned if self.writer.has(key)]
+        with TokenProgress(len(planned), self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
+            if len(kept) < len(planned):
+                self.warm_up()
+            self.on_tokens = bar.tick if progress else None
+            for index, question in enumerate(self.questions):
+                order = self.methods if index % 2 == 0 else self.methods[::-1]
+                waiting: list[Record] = []  # method rows decoded before their baseline rows exist
+                for method in order:
+                    for record in self.run_question(index, question, method):
+                        bar.add(vars(record))
+                        if method.verifier is not None and not self.writer.has((*record.key[:2], BASELINE)):
+                            waiting.append(record)
+                        else:
+                            self.write(record)
+                for record in waiting:
+                    self.write(record)
         return list(self.writer.rows.values())
 
     def write(self, record: Record) -> None:
@@ -374,9 +378,6 @@ def compare(tokens: list[int], baseline: list[int] | None) -> tuple[float | None
     return sum(same) / length, divergence
 
 
-CELL_CLAIM = "cell.claim"  # one process writes a cell's folder at a time (bench/claims.py)
-
-
 def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, Any]]:
     """Run one cell into ``folder``, resuming its records; a second process given the same folder
     (two launches of one sweep, a requeued job whose old self still runs) waits until the first is done."""
@@ -389,6 +390,7 @@ def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, 
         print(f"mars_bench: {folder} is being written by {claim.holder()}; waiting", file=sys.stderr)
         claim.wait()
     try:
+        write_config(folder, cfg)  # first: a run stopped even while its models load is its configuration's to resume
         return Cell(cfg, folder, name or folder.name, on_write=claim.beat).run(progress=cfg.progress)
     finally:
         claim.release()

@@ -118,9 +118,15 @@ def text_hash(text: str | None) -> str | None:
 
 
 def build_manifest(
-    config: dict[str, Any], models: dict[str, Any], seeds: dict[str, Any], methods: dict[str, Any] | None = None
+    config: dict[str, Any],
+    models: dict[str, Any],
+    seeds: dict[str, Any],
+    methods: dict[str, Any] | None = None,
+    questions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``models``: role -> LoadedModel. ``methods``: label -> the drafter's and verifier's settings."""
+    """``models``: role -> LoadedModel. ``methods``: label -> the drafter's and verifier's settings.
+    ``questions``: where the task's questions came from (a file, a Hub dataset or a pinned package;
+    ``tasks.providers.QuestionSet.source``)."""
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
@@ -134,6 +140,7 @@ def build_manifest(
         "machine_load": machine_load(),
         "models": {role: model_record(role, loaded, models) for role, loaded in models.items()},
         "methods": methods or {},
+        "questions": questions,
         "seeds": seeds,
         "system_prompt_sha256": text_hash(config.get("task", {}).get("system_prompt")),
         "config": config,

@@ -18,6 +18,7 @@ from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
 
 PROMPT = ["question_id", "turn"]
+SUMMARY_FILE = "summary.csv"  # a cell's folder holds it once the cell has run to its end
 
 
 def finished(frame: pd.DataFrame) -> pd.DataFrame:
@@ -212,5 +213,5 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
 
 def write_summary(rows: list[dict[str, Any]], folder: Path, include_disturbed: bool = False) -> str:
     summary = summarise(rows, include_disturbed)
-    summary.to_csv(folder / "summary.csv", index=False)
+    summary.to_csv(folder / SUMMARY_FILE, index=False)
     return format_table(summary, disturbed_rows(pd.DataFrame(rows)), include_disturbed)

