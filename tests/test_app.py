@@ -5,17 +5,14 @@ run's resume: test_reliability.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from conftest import python_m, run_config
+from conftest import FAST, app, run_config
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -32,22 +29,6 @@ GROUPS = {
     group: sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
     for group in ("model", "drafter", "verifier", "task", "experiment")
 }
-FAST = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false"]
-
-
-WORKDIR = tempfile.mkdtemp(prefix="mars_bench_app_")  # Hydra's own run folders land here, not in the repository
-
-
-def app(*overrides: str) -> subprocess.CompletedProcess:
-    """``python -m mars_bench OVERRIDES...``, in this process (``python_m``)."""
-    return python_m("mars_bench", *overrides, cwd=WORKDIR)
-
-
-def app_process(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m mars_bench OVERRIDES...`` in a new process: the entry point a user starts."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "mars_bench", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKDIR)
 
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g, options in GROUPS.items() for o in options])
@@ -159,7 +140,7 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
     check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
 
 
-def test_the_app_refuses_a_misspelt_drafter_key_in_one_line():
+def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     result = app_process("drafter.topk=3", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import FAST, app, tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import (
@@ -159,8 +159,6 @@ def test_a_head_that_rescales_its_logits_is_refused_in_one_line():
 
 
 def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_setting(tmp_path):
-    from test_app import FAST, app
-
     from mars_bench.bench.records import read_rows
 
     counts = tmp_path / "counts.json"
@@ -179,8 +177,6 @@ def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_
      "drafter.token_counts='/nowhere/counts.npy' is not a file: allowed is a .npy or .json count per token id"),
 ])  # fmt: skip
 def test_the_app_refuses_a_bad_draft_vocabulary_in_one_line_before_loading_a_model(settings, message, tmp_path):
-    from test_app import FAST, app
-
     done = app(*FAST, "drafter=model", f"model.draft_model={SMOLLM}", *settings, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == f"mars_bench: error: {message}"

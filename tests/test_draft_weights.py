@@ -133,7 +133,7 @@ def _cache(model):
 
 
 def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_setting(tmp_path):
-    from test_app import FAST, app
+    from conftest import FAST, app
 
     from mars_bench.bench.records import read_rows
 
@@ -146,7 +146,7 @@ def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_settin
 
 
 def test_the_app_refuses_bad_draft_weights_in_one_line_before_loading_a_model(tmp_path):
-    from test_app import FAST, app
+    from conftest import FAST, app
 
     done = app(*FAST, "drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct", "drafter.weights=int2",
                f"hydra.run.dir={tmp_path}")  # fmt: skip
