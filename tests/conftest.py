@@ -108,7 +108,7 @@ def python_m(module: str, *argv: str, cwd: Path | str | None = None) -> subproce
     return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], status, out.getvalue(), err.getvalue())
 
 
-FAST = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false"]
+SMOKE = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false"]
 WORKDIR = tempfile.mkdtemp(prefix="mars_bench_app_")  # Hydra's own run folders land here, not in the repository
 
 
@@ -327,7 +327,7 @@ def smoke_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """``python -m mars_bench experiment=smoke`` (the README's command, 2 prompts, 12 new tokens), run once
     for every test that reads its output: (the finished process, its output folder)."""
     out = tmp_path_factory.mktemp("smoke") / "run"
-    return python_m("mars_bench", *FAST, f"output_dir={out}", cwd=out.parent), out
+    return python_m("mars_bench", *SMOKE, f"output_dir={out}", cwd=out.parent), out
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from conftest import FAST, app, run_config
+from conftest import SMOKE, app, run_config
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -123,7 +123,7 @@ def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path):
     tuning.parent.mkdir(parents=True)
     tuning.write_text("# @package drafter\nlength: confidence\nweights: int8\n")
     settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct"]
-    done = app(*FAST, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
+    done = app(*SMOKE, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "run" / "records.jsonl") if row["method"] != "baseline"]
     assert method and all(row["drafter_setting"] == "gamma=5,weights=int8" for row in method)
@@ -216,7 +216,7 @@ def test_a_malformed_prompt_file_names_file_and_line(tmp_path):
     bad = tmp_path / "questions.jsonl"
     bad.write_text('{"question_id": 1, "turns": ["hi"]}\n{"question_id": 2, "turns": ["oops"\n')
     with pytest.raises(QuestionFileError, match=re.escape(f"{bad}:2: bad JSON")):
-        run_cell(run_config(*FAST, f"task.file={bad}"), tmp_path / "out")  # the app prints it and exits 2, as for any cell error
+        run_cell(run_config(*SMOKE, f"task.file={bad}"), tmp_path / "out")  # the app prints it and exits 2, as for any cell error
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pandas as pd
 import psutil
 import pytest
-from conftest import FAST, app
+from conftest import SMOKE, app
 
 from mars_bench.bench import contention
 from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
@@ -136,7 +136,7 @@ def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_s
     """The one run beside a real competing process (one core kept busy); the other tests here
     measure a simulated machine, since the real one is shared."""
     processes.popen([sys.executable, "-c", BUSY.format(seconds=120.0)])
-    done = app(*FAST, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert all(row["disturbed"] and row["other_load"] > contention.DEFAULT_THRESHOLD for row in rows)
@@ -149,7 +149,7 @@ def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_s
 @pytest.mark.slow
 def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, machine):
     machine(1.0, intervals=2)  # a core busy while the manifest samples the load and the first decode is timed, then idle
-    done = app(*FAST, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert rows[0]["retimed"] >= 1
@@ -159,7 +159,7 @@ def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, ma
 @pytest.mark.slow
 def test_an_idle_run_is_flagged_nowhere(tmp_path, machine):
     machine(0.0)
-    done = app(*FAST, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert not any(row["disturbed"] for row in rows) and all(row["other_load"] is not None for row in rows)
