@@ -250,6 +250,15 @@ def _forked_child(main: Callable[[], int], cwd: Path | str, out: int, err: int) 
     return status
 
 
+@pytest.fixture(autouse=True)
+def torch_threads() -> Iterator[None]:
+    """A run in this process with ``threads=N`` sets torch's threads for the process: every test gets
+    the session's back (2, set above) when it ends."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def processes() -> Iterator[OwnedProcesses]:
     """The processes this test starts (``processes.popen``, ``.run``, ``.python``, ``.fork``), killed

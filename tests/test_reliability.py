@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import app, run_config, run_main
 
 from mars_bench.bench.cell import run_cell
@@ -84,14 +83,6 @@ def run_in_process(overrides: list[str], folder: Path) -> dict[tuple, dict]:
     """One uninterrupted cell, named as the app names it (its overrides but output_dir)."""
     run_cell(run_config(*overrides), folder, name=",".join(overrides))
     return rows_by_key(folder)
-
-
-@pytest.fixture(autouse=True)
-def torch_threads():
-    """An in-process run of CELL sets torch's threads (``threads=1``): the tests after it get theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
