@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-import torch
+
+# Waiting OpenMP threads sleep rather than spin (read once, as torch loads GNU OpenMP, and passed on to every
+# process a test starts): where other processes use the cores, a spinning thread holds the core its partner
+# needs, and the smoke run on two threads took 42-168 s against 9-10 s on one, at a load of 4-5 on the
+# 2-core machine; with sleeping threads it took 9-10 s on either.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(2)
@@ -257,6 +263,14 @@ def torch_threads() -> Iterator[None]:
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_torch_thread() -> None:
+    """Torch on one thread for this test (``torch_threads`` gives the session's back after it), for tests
+    of tiny tensors: a second thread only adds a wake-up per op, which made test_distribution's draws 1.1 to
+    1.5 times slower (with spinning threads on a busy machine, a verify call 3 to 25 times)."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

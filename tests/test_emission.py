@@ -67,14 +67,7 @@ Z_LIMIT = 4.0
 SAMPLE = SamplingParams(temperature=1.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Every tensor here is tiny: a second intra-op thread only adds wake-ups, which made a verify
-    call 3 to 25 times slower (0.5 ms -> 2-12 ms) while the two cores were busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # every tensor here is tiny
 
 
 def as_list(value: dict | list[dict]) -> list[dict]:
