@@ -1,19 +1,35 @@
-"""Shared fixtures: tiny random models (fp32), the real SmolLM2-135M from its mirror, and the
-app's config composed in-process."""
+"""What the test modules share: tiny random models (fp32), the real SmolLM2-135M from its mirror,
+the app's config composed in-process, the app run in-process (``app``) or as a new process
+(``app_process``), the processes a test starts and owns (``processes``), and the sbatch script
+Hydra's SLURM launcher would submit. Test modules import these from here, never from each other."""
 
 from __future__ import annotations
 
 import io
 import os
 import runpy
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import IO
 
 import pytest
-import torch
+
+# Waiting OpenMP threads sleep rather than spin (read once, as torch loads GNU OpenMP, and passed on to every
+# process a test starts): where other processes use the cores, a spinning thread holds the core its partner
+# needs, and the smoke run on two threads took 42-168 s against 9-10 s on one, at a load of 4-5 on the
+# 2-core machine; with sleeping threads it took 9-10 s on either.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(2)
@@ -67,31 +83,266 @@ def run_config(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def run_main(module: str, *argv: str) -> int:
+    """``python -m MODULE ARGV...`` run in this process (``sys.argv`` set while it runs): its exit status."""
+    saved_argv, sys.argv = sys.argv, [module, *argv]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module was imported before; running it is intended
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        sys.argv = saved_argv
+    return 0
+
+
 def python_m(module: str, *argv: str, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGV...`` run in this process: the same entry point, argv, exit status,
     stdout and stderr, without a new interpreter's start (about 5 s of imports on 2 cores) and
     with the models this process has loaded already."""
     out, err = io.StringIO(), io.StringIO()
-    saved_argv, saved_cwd = sys.argv, os.getcwd()
-    sys.argv = [module, *argv]
-    code: int | str | None = 0
+    saved_cwd = os.getcwd()
     try:
         if cwd is not None:
             os.chdir(cwd)
-        with redirect_stdout(out), redirect_stderr(err), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module was imported before; running it is intended
-            try:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            except SystemExit as exit_:
-                code = exit_.code
+        with redirect_stdout(out), redirect_stderr(err):
+            status = run_main(module, *argv)
     finally:
-        sys.argv = saved_argv
         os.chdir(saved_cwd)
-    status = code if isinstance(code, int) else (0 if code is None else 1)
     return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], status, out.getvalue(), err.getvalue())
 
 
 SMOKE = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false"]
+WORKDIR = tempfile.mkdtemp(prefix="mars_bench_app_")  # Hydra's own run folders land here, not in the repository
+
+
+def app(*overrides: str) -> subprocess.CompletedProcess:
+    """``python -m mars_bench OVERRIDES...``, in this process (``python_m``)."""
+    return python_m("mars_bench", *overrides, cwd=WORKDIR)
+
+
+class OwnedProcesses:
+    """The processes one test starts, each the leader of a process group of its own, which whatever
+    it starts joins (``submitit_local``'s and joblib's jobs). ``kill_all`` SIGKILLs every group: run
+    at the test's teardown, pass or fail, it leaves no process behind, not even a job whose launcher
+    died and that ignores SIGTERM."""
+
+    def __init__(self) -> None:
+        self.leaders: list[int] = []  # process ids, each its group's id
+        self.popened: list[subprocess.Popen] = []
+
+    def popen(self, command: list[str], **options) -> subprocess.Popen:
+        """``subprocess.Popen(command, **options)`` in a new session (so a new process group)."""
+        process = subprocess.Popen(command, start_new_session=True, **options)
+        self.leaders.append(process.pid)
+        self.popened.append(process)
+        return process
+
+    def run(self, command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
+        """``subprocess.run(command, capture_output=True, text=True, timeout=timeout, **options)``; on a
+        time-out the whole group is killed before ``TimeoutExpired`` is raised."""
+        process = self.popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(process.pid)
+            process.communicate()
+            raise
+        return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+    def python(self, *argv: str, timeout: float = 300, cwd: Path | str = WORKDIR) -> subprocess.CompletedProcess:
+        """``python ARGV...`` in a new interpreter, offline, output captured."""
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        return self.run([sys.executable, *argv], timeout=timeout, env=env, cwd=cwd)
+
+    def start_fork(self, main: Callable[[], int], cwd: Path | str = WORKDIR) -> Forked:
+        """``main()`` in a child forked from this process, as a process of its own (what it changes,
+        monkeypatches included, stays in the child; a SIGKILL kills the child only) but with this
+        process's imports and loaded models: no interpreter start. Its exit status is what ``main``
+        returns (-N if signal N killed it), its stdout and stderr what it wrote to either.
+
+        The child runs torch on one thread: GNU OpenMP's thread pool does not survive a fork, and a
+        second thread hangs the child in its first parallel region (so no ``threads=2`` there)."""
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_forked_child(main, cwd, out.fileno(), err.fileno()))
+        self.leaders.append(pid)
+        return Forked(pid, out, err, self)
+
+    def fork(self, main: Callable[[], int], timeout: float = 300, cwd: Path | str = WORKDIR) -> subprocess.CompletedProcess:
+        """``start_fork(main, cwd)``, waited for."""
+        return self.start_fork(main, cwd).wait(timeout)
+
+    def fork_app(self, *overrides: str, timeout: float = 300, cwd: Path | str = WORKDIR) -> subprocess.CompletedProcess:
+        """``python -m mars_bench OVERRIDES...`` in a forked child (``fork``)."""
+        return self.fork(partial(run_main, "mars_bench", *overrides), timeout, cwd)
+
+    @staticmethod
+    def kill(leader: int) -> None:
+        try:
+            os.killpg(leader, signal.SIGKILL)  # the group outlives its leader while any member lives
+        except ProcessLookupError:
+            pass
+
+    def kill_all(self) -> None:
+        for leader in self.leaders:
+            self.kill(leader)
+        for process in self.popened:
+            process.wait()
+        for leader in set(self.leaders) - {process.pid for process in self.popened}:  # forked children
+            try:
+                os.waitpid(leader, 0)
+            except ChildProcessError:  # reaped already
+                pass
+
+
+@dataclass
+class Forked:
+    """A child ``OwnedProcesses.start_fork`` started: its process id and the files its stdout and stderr go to."""
+
+    pid: int
+    out: IO[bytes]
+    err: IO[bytes]
+    owner: OwnedProcesses
+
+    def wait(self, timeout: float) -> subprocess.CompletedProcess:
+        """Its exit status and output once it ends; past ``timeout`` s its group is killed and
+        ``TimeoutExpired`` raised."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                return subprocess.CompletedProcess(["fork", str(self.pid)], os.waitstatus_to_exitcode(status), *self.output())
+            if time.monotonic() > deadline:
+                self.owner.kill(self.pid)
+                os.waitpid(self.pid, 0)
+                raise subprocess.TimeoutExpired(["fork", str(self.pid)], timeout, *self.output())
+            time.sleep(0.02)
+
+    def output(self) -> tuple[str, str]:
+        """What it wrote to stdout and to stderr (the files are closed after)."""
+        written = []
+        for stream in (self.out, self.err):
+            stream.seek(0)
+            written.append(stream.read().decode(errors="replace"))
+            stream.close()
+        return written[0], written[1]
+
+
+def _forked_child(main: Callable[[], int], cwd: Path | str, out: int, err: int) -> int:
+    """What a forked child runs: a session (process group) of its own, stdout and stderr to ``out`` and
+    ``err``, then ``main()``. Its exit status; it never returns into pytest."""
+    status = 1
+    try:
+        torch.set_num_threads(1)
+        os.setsid()
+        os.chdir(cwd)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        status = main()
+    except BaseException:  # the child reports anything to its stderr and exits; pytest goes on in the parent only
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    return status
+
+
+@pytest.fixture(autouse=True)
+def torch_threads() -> Iterator[None]:
+    """A run in this process with ``threads=N`` sets torch's threads for the process: every test gets
+    the session's back (2, set above) when it ends."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_torch_thread() -> None:
+    """Torch on one thread for this test (``torch_threads`` gives the session's back after it), for tests
+    of tiny tensors: a second thread only adds a wake-up per op, which made test_distribution's draws 1.1 to
+    1.5 times slower (with spinning threads on a busy machine, a verify call 3 to 25 times)."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def processes() -> Iterator[OwnedProcesses]:
+    """The processes this test starts (``processes.popen``, ``.run``, ``.python``, ``.fork``), killed
+    with all they started when the test ends, however it ends."""
+    owned = OwnedProcesses()
+    try:
+        yield owned
+    finally:
+        owned.kill_all()
+
+
+@pytest.fixture
+def app_process(processes: OwnedProcesses):
+    """``app_process(*overrides, timeout=300)``: ``python -m mars_bench OVERRIDES...`` in a new
+    interpreter, the entry point a user starts; its process group is this test's (``processes``)."""
+
+    def run(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return processes.python("-m", "mars_bench", *overrides, timeout=timeout)
+
+    return run
+
+
+def _stop_on_sigterm_as_on_ctrl_c() -> None:
+    """A SIGTERM to pytest (a CI time-out, ``kill``) stops it as Ctrl-C does, running every fixture's
+    teardown, so that ``processes`` kills what the tests started; Python's default would exit at once."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupt)
+
+
+_stop_on_sigterm_as_on_ctrl_c()
+
+
+class Submitted(Exception):
+    """Raised instead of submitting: carries the sbatch script."""
+
+
+def slurm_config(sweep_dir: Path, *overrides: str):
+    """The app's config with Hydra's own under ``hydra/launcher=slurm``, sweeping into ``sweep_dir``."""
+    from hydra import compose, initialize_config_dir
+
+    from mars_bench.__main__ import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", return_hydra_config=True, overrides=[
+            "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}", "hydra.job.name=mars_bench", *overrides])  # fmt: skip
+
+
+def sbatch_script(cfg, monkeypatch) -> str:
+    """The sbatch script Hydra's SLURM launcher would submit for the first cell of ``cfg``'s sweep."""
+    import submitit
+    from hydra.utils import instantiate
+
+    def capture(executor, function, *arguments):
+        raise Submitted(executor._executor._make_submission_file_text("python -m mars_bench", "cell-0"))
+
+    fake_bin = Path(cfg.hydra.sweep.dir) / "bin"  # submitit asks for srun on the PATH before it writes a script
+    fake_bin.mkdir(parents=True, exist_ok=True)
+    (fake_bin / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (fake_bin / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.setup(config=cfg, hydra_context=None, task_function=None)
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", capture)
+    with pytest.raises(Submitted) as submitted:
+        launcher.launch([["task=humaneval"]], initial_job_idx=0)
+    return str(submitted.value)
 
 
 @pytest.fixture(scope="session")

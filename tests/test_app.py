@@ -5,17 +5,14 @@ run's resume: test_reliability.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from conftest import python_m, run_config
+from conftest import SMOKE, app, run_config
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -32,22 +29,6 @@ GROUPS = {
     group: sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
     for group in ("model", "drafter", "verifier", "task", "experiment")
 }
-FAST = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false"]
-
-
-WORKDIR = tempfile.mkdtemp(prefix="mars_bench_app_")  # Hydra's own run folders land here, not in the repository
-
-
-def app(*overrides: str) -> subprocess.CompletedProcess:
-    """``python -m mars_bench OVERRIDES...``, in this process (``python_m``)."""
-    return python_m("mars_bench", *overrides, cwd=WORKDIR)
-
-
-def app_process(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m mars_bench OVERRIDES...`` in a new process: the entry point a user starts."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "mars_bench", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKDIR)
 
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g, options in GROUPS.items() for o in options])
@@ -142,7 +123,7 @@ def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path):
     tuning.parent.mkdir(parents=True)
     tuning.write_text("# @package drafter\nlength: confidence\nweights: int8\n")
     settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct"]
-    done = app(*FAST, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
+    done = app(*SMOKE, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "run" / "records.jsonl") if row["method"] != "baseline"]
     assert method and all(row["drafter_setting"] == "gamma=5,weights=int8" for row in method)
@@ -159,7 +140,7 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
     check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
 
 
-def test_the_app_refuses_a_misspelt_drafter_key_in_one_line():
+def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     result = app_process("drafter.topk=3", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
@@ -235,7 +216,7 @@ def test_a_malformed_prompt_file_names_file_and_line(tmp_path):
     bad = tmp_path / "questions.jsonl"
     bad.write_text('{"question_id": 1, "turns": ["hi"]}\n{"question_id": 2, "turns": ["oops"\n')
     with pytest.raises(QuestionFileError, match=re.escape(f"{bad}:2: bad JSON")):
-        run_cell(run_config(*FAST, f"task.file={bad}"), tmp_path / "out")  # the app prints it and exits 2, as for any cell error
+        run_cell(run_config(*SMOKE, f"task.file={bad}"), tmp_path / "out")  # the app prints it and exits 2, as for any cell error
 
 
 @pytest.fixture

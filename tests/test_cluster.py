@@ -10,12 +10,12 @@ import os
 import re
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
-from test_app import app, app_process
+from conftest import app, run_main, sbatch_script, slurm_config
 
 from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.baseline_cache import cache_entries
@@ -24,40 +24,11 @@ from mars_bench.bench.records import read_rows
 from mars_bench.config import check_slurm_sweep
 
 MODELS = sorted(path.stem for path in (Path(CONF_DIR) / "model").glob("*.yaml"))
-SWEEP = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false",
-         "task=gsm8k,humaneval", "verifier=exact,mars"]  # fmt: skip
+# Two cells of one task, so that both jobs, running at once, want the same two baselines. One torch thread
+# per job: the two jobs share the two cores without oversubscribing them.
+SWEEP = ["experiment=smoke", "task.num_prompts=2", "max_new_tokens=12", "warmup=0", "progress=false", "threads=1",
+         "task=gsm8k", "verifier=exact,mars"]  # fmt: skip
 PARALLEL = ["hydra/launcher=submitit_local", "hydra.sweeper.max_batch_size=2"]  # two cells (jobs) at a time
-
-
-class Submitted(Exception):
-    """Raised instead of submitting: carries the sbatch script."""
-
-
-def slurm_config(sweep_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return compose(config_name="config", return_hydra_config=True, overrides=[
-            "hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}", "hydra.job.name=mars_bench", *overrides])  # fmt: skip
-
-
-def sbatch_script(cfg, monkeypatch) -> str:
-    """The sbatch script Hydra's SLURM launcher would submit for the first cell of ``cfg``'s sweep."""
-    import submitit
-    from hydra.utils import instantiate
-
-    def capture(executor, function, *arguments):
-        raise Submitted(executor._executor._make_submission_file_text("python -m mars_bench", "cell-0"))
-
-    fake_bin = Path(cfg.hydra.sweep.dir) / "bin"  # submitit asks for srun on the PATH before it writes a script
-    fake_bin.mkdir(parents=True, exist_ok=True)
-    (fake_bin / "srun").write_text("#!/bin/sh\nexit 1\n")
-    (fake_bin / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
-    launcher = instantiate(cfg.hydra.launcher)
-    launcher.setup(config=cfg, hydra_context=None, task_function=None)
-    monkeypatch.setattr(submitit.AutoExecutor, "map_array", capture)
-    with pytest.raises(Submitted) as submitted:
-        launcher.launch([["task=humaneval"]], initial_job_idx=0)
-    return str(submitted.value)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -100,7 +71,7 @@ def test_one_target_per_slurm_sweep_and_any_sweep_on_other_launchers_pass(overri
 
 
 def test_the_app_refuses_a_slurm_sweep_over_targets_before_submitting_anything(tmp_path):
-    done = app_process("-m", "hydra/launcher=slurm", "model=llama3.1-8b,qwen3-32b", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    done = app("-m", "hydra/launcher=slurm", "model=llama3.1-8b,qwen3-32b", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert done.returncode == 2 and done.stderr.startswith("mars_bench: error: model=llama3.1-8b,qwen3-32b under")
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "sweep").exists()
 
@@ -115,18 +86,19 @@ def deterministic(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=timed)
 
 
-def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_serial_sweep(tmp_path):
+def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_serial_sweep(tmp_path, processes):
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
-    done = app_process("-m", *SWEEP, *PARALLEL, f"hydra.sweep.dir={parallel}", "baseline_cache=${hydra:sweep.dir}/baselines")
+    cache = "baseline_cache=${hydra:sweep.dir}/baselines"
+    done = processes.fork_app("-m", *SWEEP, *PARALLEL, f"hydra.sweep.dir={parallel}", cache)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = rows_by_cell(parallel)
-    assert len(cells) == 4
+    assert len(cells) == 2
     for rows in cells.values():
         keys = [(row["question_id"], row["turn"], row["method"]) for row in rows]
         assert len(keys) == len(set(keys)) == 4  # 2 prompts x (baseline, method), each once
     decoded = [row for rows in cells.values() for row in rows if row["method"] == "baseline" and not row["baseline_from"]]
-    assert len(decoded) == len(cache_entries(parallel / "baselines")) == 4  # 2 tasks x 2 prompts, each decoded once
-    assert app("-m", *SWEEP, f"hydra.sweep.dir={serial}", "baseline_cache=${hydra:sweep.dir}/baselines").returncode == 0
+    assert len(decoded) == len(cache_entries(parallel / "baselines")) == 2  # 2 prompts, each decoded once by one of the jobs
+    assert app("-m", *SWEEP, f"hydra.sweep.dir={serial}", cache).returncode == 0
     for folder in (parallel, serial):
         assert app_process_analysis(folder) == 0
     for table in ("settings.csv", "fidelity.csv", "quality.csv"):
@@ -141,16 +113,11 @@ def app_process_analysis(folder: Path) -> int:
     return main([str(folder), "--out", str(folder / "analysis")])
 
 
-def test_a_killed_job_is_resumed_by_running_the_sweep_again_with_nothing_lost_or_twice(tmp_path):
-    import subprocess
-    import sys
-
+def test_a_killed_job_is_resumed_by_running_the_sweep_again_with_nothing_lost_or_twice(tmp_path, processes):
     sweep = tmp_path / "sweep"
-    overrides = ["-m", *SWEEP[:-2], "task=gsm8k", "verifier=exact,mars", "task.num_prompts=3", "max_new_tokens=48",
+    overrides = ["-m", *SWEEP, "task.num_prompts=3", "max_new_tokens=16",
                  *PARALLEL, f"hydra.sweep.dir={sweep}", "baseline_cache=${hydra:sweep.dir}/baselines"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    first = subprocess.Popen([sys.executable, "-m", "mars_bench", *overrides], env=env, cwd=tmp_path,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    first = processes.start_fork(partial(run_main, "mars_bench", *overrides), cwd=tmp_path)
     victim = None
     deadline = time.monotonic() + 240
     while victim is None and time.monotonic() < deadline:  # the first cell with a row written: kill its job mid-cell
@@ -162,10 +129,9 @@ def test_a_killed_job_is_resumed_by_running_the_sweep_again_with_nothing_lost_or
                 break
         time.sleep(0.05)
     assert victim is not None, "no cell started writing"
-    first.communicate(timeout=300)
-    assert first.returncode != 0  # the sweep saw its job die
+    assert first.wait(timeout=300).returncode != 0  # the sweep saw its job die
     before = sum(len(rows) for rows in rows_by_cell(sweep).values())
-    again = app_process(*overrides, timeout=600)
+    again = processes.fork_app(*overrides, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     cells = rows_by_cell(sweep)
     assert len(cells) == 2 and before < 2 * 6

@@ -6,15 +6,14 @@ analysis leave disturbed rows out of speedups unless told otherwise."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
+import psutil
 import pytest
-from test_app import FAST, app
+from conftest import SMOKE, app
 
 from mars_bench.bench import contention
 from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
@@ -24,26 +23,78 @@ from mars_bench.bench.summary import disturbed_rows, format_table, summarise
 BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
 
 
-def busy_process(seconds: float) -> subprocess.Popen:
-    """A competing process that keeps one core busy for ``seconds``."""
-    return subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=seconds)])
+class SimulatedMachine:
+    """A machine on which other processes keep ``cores`` cores busy, for the first ``intervals``
+    intervals a meter measures (then none: a competitor that finishes) or throughout (None). Its
+    busy CPU seconds are this process's own, as measured, plus the others' ``cores`` per second."""
+
+    def __init__(self, cores: float, intervals: int | None = None) -> None:
+        self.cores, self.intervals_left = cores, intervals
+        self.others_s, self.since = 0.0, time.perf_counter()
+
+    def busy_s(self) -> float:
+        now = time.perf_counter()
+        self.others_s += self.cores * (now - self.since)
+        self.since = now
+        return contention.own_cpu_s() + self.others_s
+
+    def set_cores(self, cores: float) -> None:
+        self.busy_s()
+        self.cores = cores
+
+    def interval_measured(self) -> None:
+        if self.intervals_left is not None:
+            self.intervals_left -= 1
+            if self.intervals_left <= 0:
+                self.set_cores(0.0)
 
 
-def fake_stat(path: Path, user: int, system: int = 0, idle: int = 1000, steal: int = 0) -> Path:
-    path.write_text(f"cpu  {user} 0 {system} {idle} 0 0 0 {steal} 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
-    return path
+@pytest.fixture
+def machine(monkeypatch):
+    """``machine(cores, intervals=None)``: every ContentionMeter, the app's among them, measures a
+    ``SimulatedMachine`` instead of this one, which other work shares."""
+
+    def simulate(cores: float, intervals: int | None = None) -> SimulatedMachine:
+        simulated = SimulatedMachine(cores, intervals)
+        stop = ContentionMeter.stop
+
+        def stop_and_count(meter):
+            measured = stop(meter)
+            simulated.interval_measured()
+            return measured
+
+        monkeypatch.setattr(contention, "machine_busy_s", simulated.busy_s)
+        monkeypatch.setattr(ContentionMeter, "stop", stop_and_count)
+        return simulated
+
+    return simulate
 
 
-def test_other_processes_cpu_time_is_the_machines_busy_time_less_this_processes(tmp_path, monkeypatch):
+def test_other_processes_cpu_time_is_the_machines_busy_time_less_this_processes(monkeypatch):
     own = iter([10.0, 10.5])  # this process used 0.5 s of CPU in the interval
+    busy = iter([1000.0, 1000.0 + 2.0])  # the machine's cores 2.0 s busy in all
     monkeypatch.setattr(contention, "own_cpu_s", lambda: next(own))
-    stat = fake_stat(tmp_path / "stat", user=1000)
-    meter = ContentionMeter(stat, GpuWatch())
+    monkeypatch.setattr(contention, "machine_busy_s", lambda: next(busy))
+    meter = ContentionMeter(GpuWatch())
     meter.start()
-    fake_stat(stat, user=1000 + 150, system=30, steal=20)  # 2.0 s busy in all (ticks of 1/100 s)
     measured = meter.stop()
-    assert measured.other_cpu_s == pytest.approx(2.0 * 100 / contention.TICKS_PER_S - 0.5)
+    assert measured.other_cpu_s == pytest.approx(2.0 - 0.5)
     assert measured.to_record()["other_gpu_util"] is None
+
+
+def test_the_machines_busy_time_is_psutils_busy_fields_and_includes_this_processes():
+    times = SimpleNamespace(user=5.0, nice=1.0, system=2.0, idle=100.0, iowait=7.0, irq=0.5, softirq=0.25, steal=0.25,
+                            guest=3.0, guest_nice=0.0)  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # Linux counts guest time inside user already; idle and iowait are idle
+        patch.setattr(contention.psutil, "cpu_times", lambda: times)
+        assert machine_busy_s() == pytest.approx(9.0)
+        patch.setattr(contention.psutil, "cpu_times", lambda: SimpleNamespace(user=5.0, system=2.0, idle=100.0))
+        assert machine_busy_s() == pytest.approx(7.0)  # a system without the others (macOS has no irq, Windows no nice)
+    busy, own = machine_busy_s(), contention.own_cpu_s()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 s of this process's CPU: the machine counts it too
+        pass
+    assert machine_busy_s() - busy >= contention.own_cpu_s() - own - 0.05  # the counters' ticks (10 ms)
 
 
 def test_a_row_is_disturbed_beyond_either_threshold_and_unmeasurable_means_undisturbed():
@@ -53,10 +104,14 @@ def test_a_row_is_disturbed_beyond_either_threshold_and_unmeasurable_means_undis
     assert not Contention(2.0, None, None).disturbed() and Contention(2.0, None, None).other_load is None
 
 
-def test_no_proc_stat_gives_no_measurement(tmp_path):
-    meter = ContentionMeter(tmp_path / "missing", GpuWatch())
+def test_no_cpu_counters_give_no_measurement(monkeypatch):
+    def unreadable():
+        raise psutil.AccessDenied()
+
+    monkeypatch.setattr(contention.psutil, "cpu_times", unreadable)
+    meter = ContentionMeter(GpuWatch())
     meter.start()
-    assert meter.stop().other_cpu_s is None and machine_busy_s(tmp_path / "missing") is None
+    assert meter.stop().other_cpu_s is None and machine_busy_s() is None
 
 
 def test_gpu_use_of_other_processes_is_read_from_nvml_and_our_own_is_not():
@@ -68,24 +123,20 @@ def test_gpu_use_of_other_processes_is_read_from_nvml_and_our_own_is_not():
     assert GpuWatch().others_peak(0) is None  # no NVML: not measured
 
 
-def test_a_busy_process_is_seen_and_an_idle_machine_is_not():
-    meter = ContentionMeter(gpu=GpuWatch())
-    assert meter.sample(0.5).other_load < contention.DEFAULT_THRESHOLD
-    competitor = busy_process(3.0)
-    try:
-        time.sleep(0.3)
-        busy = meter.sample(1.0)
-    finally:
-        competitor.kill()
+def test_a_busy_machine_is_seen_and_an_idle_one_is_not(machine):
+    meter, simulated = ContentionMeter(gpu=GpuWatch()), machine(0.0)
+    assert meter.sample(0.2).other_load < contention.DEFAULT_THRESHOLD
+    simulated.set_cores(1.0)  # one core kept busy
+    busy = meter.sample(0.2)
     assert busy.other_load > 0.5 and busy.disturbed()
 
 
-def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_speedup(tmp_path):
-    competitor = busy_process(120.0)
-    try:
-        done = app(*FAST, f"hydra.run.dir={tmp_path}")
-    finally:
-        competitor.kill()
+@pytest.mark.slow
+def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_speedup(tmp_path, processes):
+    """The one run beside a real competing process (one core kept busy); the other tests here
+    measure a simulated machine, since the real one is shared."""
+    processes.popen([sys.executable, "-c", BUSY.format(seconds=120.0)])
+    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert all(row["disturbed"] and row["other_load"] > contention.DEFAULT_THRESHOLD for row in rows)
@@ -95,28 +146,20 @@ def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_s
     assert json.loads((tmp_path / "manifest.json").read_text())["machine_load"]["other_load"] is not None
 
 
-def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, monkeypatch):
-    competitors = []
-    start = ContentionMeter.start
-
-    def start_with_a_competitor(meter):  # the first timed decode starts beside a process busy for 3 s
-        if not competitors:
-            competitors.append(busy_process(3.0))
-        start(meter)
-
-    monkeypatch.setattr(ContentionMeter, "start", start_with_a_competitor)
-    try:
-        done = app(*FAST, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
-    finally:
-        competitors[0].kill()
+@pytest.mark.slow
+def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, machine):
+    machine(1.0, intervals=2)  # a core busy while the manifest samples the load and the first decode is timed, then idle
+    done = app(*SMOKE, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert rows[0]["retimed"] >= 1
     assert not any(row["disturbed"] for row in rows)  # every row's final timing was on the idle machine
 
 
-def test_an_idle_run_is_flagged_nowhere(tmp_path):
-    done = app(*FAST, f"hydra.run.dir={tmp_path}")
+@pytest.mark.slow
+def test_an_idle_run_is_flagged_nowhere(tmp_path, machine):
+    machine(0.0)
+    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert not any(row["disturbed"] for row in rows) and all(row["other_load"] is not None for row in rows)

@@ -12,6 +12,8 @@ from scipy.stats import chisquare
 from mars_bench.verification import VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 VOCAB, LENGTH, GAMMA, DRAWS = 3, 3, 2, 6000
 MIN_EXPECTED = 5.0
 SAMPLE = SamplingParams(temperature=1.0)

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import SMOKE, app, tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import (
@@ -159,14 +159,12 @@ def test_a_head_that_rescales_its_logits_is_refused_in_one_line():
 
 
 def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_setting(tmp_path):
-    from test_app import FAST, app
-
     from mars_bench.bench.records import read_rows
 
     counts = tmp_path / "counts.json"
     counts.write_text(json.dumps(list(range(49152, 0, -1))))
     settings = ["drafter=model", f"model.draft_model={SMOLLM}", "drafter.draft_vocab=4096", f"drafter.token_counts={counts}"]
-    done = app(*FAST, *settings, f"hydra.run.dir={tmp_path / 'run'}")
+    done = app(*SMOKE, *settings, f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "run" / "records.jsonl"))
     method = [row for row in rows if row["method"] != "baseline"]
@@ -179,9 +177,7 @@ def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_
      "drafter.token_counts='/nowhere/counts.npy' is not a file: allowed is a .npy or .json count per token id"),
 ])  # fmt: skip
 def test_the_app_refuses_a_bad_draft_vocabulary_in_one_line_before_loading_a_model(settings, message, tmp_path):
-    from test_app import FAST, app
-
-    done = app(*FAST, "drafter=model", f"model.draft_model={SMOLLM}", *settings, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, "drafter=model", f"model.draft_model={SMOLLM}", *settings, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == f"mars_bench: error: {message}"
     assert "Loading weights" not in done.stderr  # refused before any model loads

@@ -143,12 +143,12 @@ def _cache(model):
 
 
 def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_setting(tmp_path):
-    from test_app import FAST, app
+    from conftest import SMOKE, app
 
     from mars_bench.bench.records import read_rows
 
     settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct", "drafter.weights=int4"]
-    done = app(*FAST, *settings, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, *settings, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "records.jsonl") if row["method"] != "baseline"]
     assert method and all(row["drafter_setting"] == "gamma=5,weights=int4" for row in method)
@@ -156,9 +156,9 @@ def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_settin
 
 
 def test_the_app_refuses_bad_draft_weights_in_one_line_before_loading_a_model(tmp_path):
-    from test_app import FAST, app
+    from conftest import SMOKE, app
 
-    done = app(*FAST, "drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct", "drafter.weights=int2",
+    done = app(*SMOKE, "drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct", "drafter.weights=int2",
                f"hydra.run.dir={tmp_path}")  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (

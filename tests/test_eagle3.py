@@ -25,6 +25,8 @@ from mars_bench.drafting.eagle3 import (
 from mars_bench.trees import node_depths
 from mars_bench.verification.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 VOCAB, DRAFT_VOCAB, HIDDEN = 96, 40, 64
 PROMPT = [1, 5, 9, 2, 7, 33, 12, 5, 9]
 GREEDY = SamplingParams()

@@ -1,10 +1,11 @@
 """``emission``: every verifier states the exact distribution P_V of the token it emits at each
 judging row and the probability alpha_V that it keeps a draft there; this file holds it to that.
 
-1. Exact vs empirical: ``verify`` run 20,000 times (10,000 on the deterministic chain) emits, at
+1. Exact vs empirical: ``verify`` run 3,000 times emits, at
    each judging row its walk reaches, tokens distributed as ``emission.dist`` (chi-square) and keeps the row's draft at the rate
    ``emission.accept`` (binomial z), for a chain of sampled drafts, a chain of deterministic
-   drafts (under top-k) and a tree of three deterministic root children.
+   drafts (under top-k) and a tree of three deterministic root children. At these counts the
+   check tells apart the two settings whose emissions are nearest on each case (negative controls).
 2. Greedy: P_V is one-hot at exactly the token the (deterministic) verdict emits.
 3. Properties over random inputs: every row is a distribution, alpha_V is a probability, the
    lossless rules cost nothing (KL = TV = 0), ``tv_budget`` spends its TV budget exactly,
@@ -52,7 +53,13 @@ LOSSY: dict[str, dict | list[dict]] = {
 # test divides by the drafter's draft_probs.
 LOSSLESS = [("exact", {}), ("rejection", {}), ("mars", {"theta": None})]
 
-DRAWS = 20_000
+# 3,000 draws tell every two settings here whose emissions differ on a case apart, one's verdicts from
+# the other's emission: with a power of 0.997 the nearest pair (mentored and tv_budget on the
+# deterministic chain), of 0.999 or more every other pair (by the noncentral chi-square and normal
+# laws of the check's two tests, worked out when this count replaced 20,000, and 10,000 on the
+# deterministic chain). test_the_check_at_its_draw_count_tells_the_nearest_settings_apart runs the
+# nearest pair of each case.
+DRAWS = 3_000
 CONDITIONED_SHARE = 10  # a later row is compared only when at least 1/10 of the walks reached it
 MIN_EXPECTED = 5.0
 P_FLOOR = 1e-3
@@ -60,14 +67,7 @@ Z_LIMIT = 4.0
 SAMPLE = SamplingParams(temperature=1.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Every tensor here is tiny: a second intra-op thread only adds wake-ups, which made a verify
-    call 3 to 25 times slower (0.5 ms -> 2-12 ms) while the two cores were busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # every tensor here is tiny
 
 
 def as_list(value: dict | list[dict]) -> list[dict]:
@@ -287,10 +287,9 @@ def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, cas
     verifier = build(name, options)
     case_data = CASES[case]()
     emission = verifier.emission(case_data.step)
-    draws = DRAWS if case != "deterministic-chain-top-k" else DRAWS // 2  # its rows are the tree's, one child each
     generator = torch.Generator().manual_seed(sum(map(ord, label(name, options) + case)))
-    tally = run_verify(verifier, case_data, emission.rows.tolist(), draws, generator)
-    assert mismatches(emission, tally, draws) == []
+    tally = run_verify(verifier, case_data, emission.rows.tolist(), DRAWS, generator)
+    assert mismatches(emission, tally, DRAWS) == []
     if case_data.resample is not None:  # P_V marginalises over the drafts: other drafts give the same
         other = replace(case_data.step, draft_tokens=case_data.resample.argmin(-1))
         again = verifier.emission(replace(other, draft_probs=case_data.resample.gather(-1, other.draft_tokens[:, None])[:, 0]))
@@ -303,6 +302,52 @@ def test_the_empirical_check_tells_one_rule_from_another():
     emission = get_verifier("mars", theta=0.5).emission(case_data.step)
     tally = run_verify(get_verifier("rejection"), case_data, emission.rows.tolist(), 2_000, torch.Generator().manual_seed(7))
     assert len(mismatches(emission, tally, 2_000)) >= 2  # both the tokens and the keep rate at row 0
+
+
+def separation(verdicts: Emission, claimed: Emission) -> float:
+    """How much one draw tells a rule whose walk emits ``verdicts`` from the ``claimed`` emission, on
+    a chain or at a tree's root: the largest, over the judging rows the check compares, of the
+    chi-square noncentrality per draw of the tokens plus that of the keep rate, times the share of
+    walks reaching the row (inf where the verdicts emit what the claim rules out)."""
+    worst, reach = 0.0, 1.0
+    for index in range(len(claimed.rows)):
+        if reach * CONDITIONED_SHARE < 1:
+            break  # the check compares no later row
+        p, claim = verdicts.dist[index].double(), claimed.dist[index].double()
+        a, claim_a = float(verdicts.accept[index]), float(claimed.accept[index])
+        if bool(((claim == 0) & (p > 0)).any()) or (claim_a in (0.0, 1.0) and a != claim_a):
+            return float("inf")
+        tokens = float(((p - claim)[claim > 0] ** 2 / claim[claim > 0]).sum())
+        keep = 0.0 if claim_a in (0.0, 1.0) else (a - claim_a) ** 2 / (claim_a * (1 - claim_a))
+        worst = max(worst, reach * (tokens + keep))
+        reach *= a
+    return worst
+
+
+def nearest_settings(case: str) -> tuple[tuple[str, dict], tuple[str, dict], float]:
+    """Of the settings the empirical test runs on ``case``, the two whose emissions there differ
+    least (by ``separation``, the first one's verdicts against the second's emission)."""
+    data = CASES[case]()
+    settings = [(name, options) for name, options, each in (param.values for param in empirical_params()) if each == case]
+    emissions = {label(*setting): (setting, build(*setting).emission(data.step)) for setting in settings}
+    pairs = []
+    for (first, one), (second, other) in ((emissions[a], emissions[b]) for a in emissions for b in emissions if a != b):
+        distance = separation(one, other)
+        if distance > 1e-9:  # equal emissions (two rules that agree on this case) cannot be told apart
+            pairs.append((distance, first, second))
+    distance, first, second = min(pairs, key=lambda pair: pair[0])
+    return first, second, distance
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_check_at_its_draw_count_tells_the_nearest_settings_apart(case):
+    """Negative control at the empirical test's draw count: on each case, the verdicts of the setting
+    whose emission is nearest another's fail the check against that other emission."""
+    (name, options), (other, other_options), _ = nearest_settings(case)
+    case_data = CASES[case]()
+    claimed = build(other, other_options).emission(case_data.step)
+    tally = run_verify(build(name, options), case_data, claimed.rows.tolist(), DRAWS, torch.Generator().manual_seed(11))
+    assert mismatches(claimed, tally, DRAWS), f"{label(name, options)} passed as {label(other, other_options)} in {DRAWS} draws"
 
 
 @pytest.mark.parametrize(("name", "options"), configs(lossy=True))

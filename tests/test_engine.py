@@ -20,6 +20,8 @@ from mars_bench.drafting import (
     is_tree_drafter,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3], [11]]
 
 

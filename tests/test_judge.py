@@ -4,8 +4,7 @@ and reference, the [[rating]] parsed, and a whole two-turn run scored end to end
 from __future__ import annotations
 
 import pytest
-from conftest import SHARED_DATA
-from test_app import app
+from conftest import SHARED_DATA, app
 
 from mars_bench.bench.records import read_rows
 from mars_bench.tasks.judge import judge_messages, load_judge_prompts, parse_rating

@@ -14,6 +14,8 @@ from scipy.stats import binomtest, chisquare
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 SAMPLE = SamplingParams(temperature=1.0)
 DRAWS = 4000
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, needs_shared_data, python_m
+from conftest import SHARED_DATA, needs_shared_data, python_m, sbatch_script, slurm_config
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -370,8 +370,6 @@ def paper_targets() -> list[str]:
 
 
 def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jobs(tmp_path, monkeypatch):
-    from test_cluster import sbatch_script, slurm_config
-
     assert paper_targets() == ["vicuna-13b", "llama3.1-8b", "llama3.3-70b", "qwen3-8b", "qwen3-32b", "qwen3-235b-a22b"]
     first = shown(CLUSTER_SWEEP).replace("$model", paper_targets()[0]).removesuffix("&")
     assert [(cfg.task.name, cfg.verifier.name) for cfg in composed_cells(first)] == TABLE1_CELLS  # one target's every cell

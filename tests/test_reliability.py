@@ -4,15 +4,15 @@ records for identical runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import subprocess
-import sys
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import run_config
-from test_app import WORKDIR, app, app_process
+from conftest import app, run_config, run_main
 
 from mars_bench.bench.cell import run_cell
 from mars_bench.bench.failures import failure_line
@@ -22,46 +22,45 @@ from mars_bench.settings import parse_setting
 from mars_bench.tasks import SCORERS
 
 SMALL = ["experiment=smoke", "task.num_prompts=3", "max_new_tokens=8", "warmup=0", "progress=false"]
-# 2 questions x (baseline, mars) = 4 rows; the second question decodes the method first. The app and the
-# in-process runs use 2 threads alike, so that their bf16 sums are added up alike on any machine.
-CELL = [*SMALL, "task.num_prompts=2", "threads=2"]
+# 2 questions x (baseline, mars) = 4 rows; the second question decodes the method first. The killed runs
+# (forked, so on one thread: conftest.OwnedProcesses.start_fork) and the in-process runs use 1 thread
+# alike, so that their bf16 sums are added up alike on any machine.
+CELL = [*SMALL, "task.num_prompts=2", "threads=1"]
 GREEDY = [*CELL, "temperature=0"]
 TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
          "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # the timing and what else ran meanwhile
 
-# ``python -m mars_bench`` that SIGKILLs itself at an exact point: argv is WHERE N OVERRIDES...
-#   load     as the target model loads (no row yet)
-#   after N  right after the N-th row of records.jsonl is flushed
-#   in N     halfway through writing the N-th row: what a kill inside the write leaves on disk
-KILLED_APP = """
-import json, os, runpy, signal, sys
-from dataclasses import asdict
-from mars_bench.bench import cell, records
 
-where, count = sys.argv[1], int(sys.argv[2])
-sys.argv = ["mars_bench", *sys.argv[3:]]
+def killed_app(where: str, count: int, overrides: list[str]) -> int:
+    """``python -m mars_bench OVERRIDES...`` that SIGKILLs itself at an exact point, for a forked
+    child (``processes.fork``: the patches below stay in it):
+      load     as the target model loads (no row yet)
+      after N  right after the N-th row of records.jsonl is flushed
+      in N     halfway through writing the N-th row: what a kill inside the write leaves on disk"""
+    from mars_bench.bench import cell, records
 
-def die(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGKILL)
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
 
-def write_then_die(self, record, write=records.RecordWriter.write):
-    if where == "in" and len(self.rows) == count - 1:
-        line = json.dumps(asdict(record)) + "\\n"
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line[: len(line) // 2])
-            handle.flush()
-            os.fsync(handle.fileno())
-        die()
-    row = write(self, record)
-    if where == "after" and len(self.rows) == count:
-        die()
-    return row
+    def write_then_die(self, record, write=records.RecordWriter.write):
+        if where == "in" and len(self.rows) == count - 1:
+            line = json.dumps(asdict(record)) + "\n"
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(line[: len(line) // 2])
+                handle.flush()
+                os.fsync(handle.fileno())
+            die()
+        row = write(self, record)
+        if where == "after" and len(self.rows) == count:
+            die()
+        return row
 
-if where == "load":
-    cell.load_model = die
-records.RecordWriter.write = write_then_die
-runpy.run_module("mars_bench", run_name="__main__", alter_sys=True)
-"""
+    if where == "load":
+        cell.cached_model.cache_clear()  # the models this process loaded already: the target loads afresh
+        cell.load_model = die
+    records.RecordWriter.write = write_then_die
+    return run_main("mars_bench", *overrides)
+
 
 # (where, N, complete rows on disk after the kill, what the point shows)
 KILL_POINTS = [
@@ -98,19 +97,14 @@ def first_runs(tmp_path_factory) -> dict[str, dict[tuple, dict]]:
     return Runs()
 
 
-def killed_app(where: str, count: int, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-c", KILLED_APP, where, str(count), *GREEDY, f"output_dir={out}"]
-    return subprocess.run(command, env=env, cwd=WORKDIR, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
-def test_sigkill_at_each_kind_of_point_then_resume_loses_and_duplicates_nothing(tmp_path, first_runs):
+def test_sigkill_at_each_kind_of_point_then_resume_loses_and_duplicates_nothing(tmp_path, first_runs, processes):
+    uninterrupted = first_runs["0"]  # first: the forked runs below share the model it loads
     out = tmp_path / "killed"
     records = out / "records.jsonl"
     before: list[str] = []  # the complete lines on disk before this start
     for where, count, complete, point in KILL_POINTS:
-        killed = killed_app(where, count, out)
+        killed = processes.fork(partial(killed_app, where, count, [*GREEDY, f"output_dir={out}"]))
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)  # the kill landed while the run was alive
         text = records.read_text() if records.exists() else ""
         lines = text.splitlines(keepends=True)
@@ -125,7 +119,7 @@ def test_sigkill_at_each_kind_of_point_then_resume_loses_and_duplicates_nothing(
     assert lines[: len(before)] == before  # the partial 4th line was cut, nothing before it
     keys = [(r["question_id"], r["turn"], r["method"]) for r in read_rows(records)]
     assert len(lines) == len(keys) == len(set(keys)) == 4
-    resumed, uninterrupted = rows_by_key(out), first_runs["0"]
+    resumed = rows_by_key(out)
     assert resumed.keys() == uninterrupted.keys()
     for key, row in resumed.items():
         assert without_times(row) == without_times(uninterrupted[key]), key
@@ -181,8 +175,8 @@ def test_a_sweep_goes_on_past_a_model_that_will_not_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_concurrent_cells_never_write_into_each_other(tmp_path):
-    result = app_process(
+def test_concurrent_cells_never_write_into_each_other(tmp_path, processes):
+    result = processes.fork_app(
         "-m",
         *SMALL,
         "threads=1",  # one torch thread per job: the two jobs share the cores without oversubscribing them

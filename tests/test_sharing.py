@@ -154,12 +154,12 @@ def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
 
 
 def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path):
-    from test_app import FAST, app
+    from conftest import SMOKE, app
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     write_claim(tmp_path / CELL_CLAIM, pid=other.pid)
     try:
-        done = app(*FAST, f"hydra.run.dir={tmp_path}")
+        done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
     finally:
         other.kill()
     assert done.returncode == 0, done.stderr

@@ -16,6 +16,8 @@ from mars_bench.kvcache import cached_forward, cached_logits, keep_positions
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 PARENTS = [-1, -1, 0, 0, 1, 2, 2, 3, 4, 5, 7, 10]  # two root children, paths up to 5 nodes long
 PROMPT = torch.tensor([1, 5, 9, 2, 7, 30, 31, 4, 4, 12])
 GREEDY, SAMPLE = SamplingParams(), SamplingParams(temperature=1.0)

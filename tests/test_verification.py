@@ -21,6 +21,8 @@ from mars_bench.verification import (
 from mars_bench.verification.kernels import top_two
 from mars_bench.verification.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 GREEDY = SamplingParams()
 SAMPLE = SamplingParams(temperature=1.0)
 

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
 from mars_bench.verification.sampling import SamplingParams, probabilities
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 LOGIT = st.one_of(
     st.floats(-50, 50, allow_nan=False, width=32),
     st.sampled_from([0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, math.inf, -math.inf, math.nan]),

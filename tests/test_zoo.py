@@ -19,6 +19,8 @@ from mars_bench.verification import VerifyInput, get_verifier
 from mars_bench.verification.emission import fidelity, proposal_rows
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+
 LOSSLESS = {  # each rule at its lossless setting
     "top_m": {"m": 0},
     "lenient": {"lenience": 1.0},

@@ -1,13 +1,14 @@
 """Did anything else use the machine while a decode was timed?
 
-A timing is only as good as the machine was quiet. On Linux the kernel counts, per CPU, the time
-spent busy (``/proc/stat``) and, per process, the time this process used (all its threads); their
-difference over a timed interval is the CPU time every *other* process took (and, on a virtual
-machine, the time the hypervisor stole). Divided by the interval it is how many cores others kept
-busy on average: ``other_load``. On CUDA, NVML (``pynvml``, where installed) reports each
-process's share of the GPU's streaming multiprocessors; the largest share another process had is
-``other_gpu_util`` (percent). A row whose ``other_load`` exceeds the threshold (cores) or whose
-``other_gpu_util`` exceeds the GPU threshold is *disturbed*.
+A timing is only as good as the machine was quiet. The kernel counts the CPU time spent busy on
+every core and the time this process used (all its threads); psutil reads both on any system it
+supports (``cpu_times``, ``Process().cpu_times()``). Their difference over a timed interval is the
+CPU time every *other* process took (and, on a virtual machine, the time the hypervisor stole).
+Divided by the interval it is how many cores others kept busy on average: ``other_load``. On CUDA,
+NVML (``pynvml``, where installed) reports each process's share of the GPU's streaming
+multiprocessors; the largest share another process had is ``other_gpu_util`` (percent). A row
+whose ``other_load`` exceeds the threshold (cores) or whose ``other_gpu_util`` exceeds the GPU
+threshold is *disturbed*.
 """
 
 from __future__ import annotations
@@ -15,31 +16,30 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-PROC_STAT = Path("/proc/stat")
-BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal; guest time is inside user already
-TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+import psutil
+
+# The busy fields of psutil.cpu_times(), those a system has: Linux counts guest time inside user
+# already, and Windows its interrupt and DPC time inside system; idle and iowait are not busy.
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 DEFAULT_THRESHOLD = 0.25  # cores kept busy by other processes on average
 DEFAULT_GPU_THRESHOLD = 10.0  # percent of the GPU's multiprocessors used by another process
 
 
-def machine_busy_s(stat: Path = PROC_STAT) -> float | None:
-    """Seconds of CPU time all processes used since boot, summed over cores; None off Linux."""
+def machine_busy_s() -> float | None:
+    """Seconds of CPU time all processes used since boot, summed over cores; None where the system
+    does not say (psutil cannot read it here)."""
     try:
-        fields = stat.read_text().split("\n", 1)[0].split()
-    except OSError:
+        times = psutil.cpu_times()
+    except (OSError, psutil.Error, NotImplementedError):
         return None
-    if not fields or fields[0] != "cpu":
-        return None
-    values = [int(value) for value in fields[1:]]
-    return sum(values[index] for index in BUSY_FIELDS if index < len(values)) / TICKS_PER_S
+    return sum(getattr(times, field, 0.0) for field in BUSY_FIELDS)
 
 
 def own_cpu_s() -> float:
     """CPU seconds this process used (user + system, every thread)."""
-    times = os.times()
+    times = psutil.Process().cpu_times()
     return times.user + times.system
 
 
@@ -114,21 +114,21 @@ class GpuWatch:
 
 
 class ContentionMeter:
-    """Measures one interval at a time: ``start()`` before a timed decode, ``stop()`` after it."""
+    """Measures one interval at a time: ``start()`` before a timed decode, ``stop()`` after it
+    (``gpu``: the GPU watch, detected when None)."""
 
-    def __init__(self, stat: Path = PROC_STAT, gpu: GpuWatch | None = None) -> None:
-        self.stat = stat
+    def __init__(self, gpu: GpuWatch | None = None) -> None:
         self.gpu = gpu if gpu is not None else GpuWatch.detect()
         self.started: tuple[float, float | None, float, int] | None = None
 
     def start(self) -> None:
-        self.started = (time.perf_counter(), machine_busy_s(self.stat), own_cpu_s(), self.gpu.now_us())
+        self.started = (time.perf_counter(), machine_busy_s(), own_cpu_s(), self.gpu.now_us())
 
     def stop(self) -> Contention:
         if self.started is None:
             raise RuntimeError("ContentionMeter.stop() called before start()")
         wall0, busy0, own0, gpu_since = self.started
-        busy1, own1 = machine_busy_s(self.stat), own_cpu_s()
+        busy1, own1 = machine_busy_s(), own_cpu_s()
         wall = time.perf_counter() - wall0
         others = None if busy0 is None or busy1 is None else (busy1 - busy0) - (own1 - own0)
         self.started = None
