@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import runpy
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import pytest
 
@@ -254,6 +255,58 @@ def _forked_child(main: Callable[[], int], cwd: Path | str, out: int, err: int) 
             except Exception:
                 pass
     return status
+
+
+Part = TypeVar("Part")
+
+
+def on_every_core(part: Callable[[int], Part], parts: int = 2) -> list[Part]:
+    """``[part(0), ..., part(parts - 1)]``, all at once: part 0 in this process, each other in a child forked
+    from it (the 2-core machine draws a statistical test's samples on both cores). A child runs torch on one
+    thread (see ``OwnedProcesses.start_fork``) and sends its part back pickled; an error in it is raised
+    here with its traceback. However the test ends, no child outlives this call."""
+    children: list[tuple[int, int]] = []  # (process id, the pipe's end its part comes from)
+    try:
+        for index in range(1, parts):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(read)
+                _send_part(part, index, write)
+            os.close(write)
+            children.append((pid, read))
+        results = [part(0)]
+        for index, (_, read) in enumerate(children, start=1):
+            with open(read, "rb", closefd=False) as stream:
+                outcome, value = pickle.load(stream)
+            if outcome != "ok":
+                raise RuntimeError(f"part {index} of {parts} failed in its fork:\n{value}")
+            results.append(value)
+        return results
+    finally:
+        for pid, read in children:
+            os.close(read)
+            try:
+                os.kill(pid, signal.SIGKILL)  # one still running (this process raised first); a finished one is a zombie
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+
+
+def _send_part(part: Callable[[int], object], index: int, write: int) -> None:
+    """What a child of ``on_every_core`` runs: its part, pickled into ``write``; it never returns into pytest."""
+    status = 1
+    try:
+        torch.set_num_threads(1)
+        try:
+            payload = ("ok", part(index))
+        except BaseException:
+            payload = ("error", traceback.format_exc())
+        with os.fdopen(write, "wb") as stream:
+            pickle.dump(payload, stream)
+        status = 0
+    finally:
+        os._exit(status)
 
 
 @pytest.fixture(autouse=True)

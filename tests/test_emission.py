@@ -22,9 +22,11 @@ others are held to refusing trees.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import pytest
 import torch
+from conftest import on_every_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -227,9 +229,25 @@ class Tally:
     reached: dict[int, int]
     kept: dict[int, int]
 
+    def __add__(self, other: Tally) -> Tally:
+        return Tally({row: self.counts[row] + other.counts[row] for row in self.counts},
+                     {row: self.reached[row] + other.reached[row] for row in self.reached},
+                     {row: self.kept[row] + other.kept[row] for row in self.kept})  # fmt: skip
 
-def run_verify(verifier, case_data: Case, rows: list[int], draws: int, generator: torch.Generator) -> Tally:
-    """``verify`` run ``draws`` times, the drafts of a sampled chain drawn afresh from q each time."""
+
+PARTS = 2  # a check's draws are split between the machine's two cores (conftest.on_every_core)
+
+
+def run_verify(verifier, case_data: Case, rows: list[int], draws: int, seed: int) -> Tally:
+    """``verify`` run ``draws`` times, the drafts of a sampled chain drawn afresh from q each time: a
+    share of the runs on each core, from a generator seeded ``seed`` + the share's index."""
+    shares = on_every_core(partial(verify_runs, verifier, case_data, rows, draws // PARTS, seed), PARTS)
+    return sum(shares[1:], shares[0])
+
+
+def verify_runs(verifier, case_data: Case, rows: list[int], draws: int, seed: int, share: int) -> Tally:
+    """One core's share of ``run_verify``."""
+    generator = torch.Generator().manual_seed(seed + share)
     vocab = case_data.step.target_logits.shape[-1]
     if case_data.resample is not None:
         drafts = torch.multinomial(case_data.resample, draws, replacement=True, generator=generator).t()
@@ -287,8 +305,7 @@ def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, cas
     verifier = build(name, options)
     case_data = CASES[case]()
     emission = verifier.emission(case_data.step)
-    generator = torch.Generator().manual_seed(sum(map(ord, label(name, options) + case)))
-    tally = run_verify(verifier, case_data, emission.rows.tolist(), DRAWS, generator)
+    tally = run_verify(verifier, case_data, emission.rows.tolist(), DRAWS, sum(map(ord, label(name, options) + case)))
     assert mismatches(emission, tally, DRAWS) == []
     if case_data.resample is not None:  # P_V marginalises over the drafts: other drafts give the same
         other = replace(case_data.step, draft_tokens=case_data.resample.argmin(-1))
@@ -300,7 +317,7 @@ def test_the_empirical_check_tells_one_rule_from_another():
     """Negative control: ``rejection``'s verdicts against ``mars(theta=0.5)``'s emission, 2,000 runs."""
     case_data = deterministic_chain()
     emission = get_verifier("mars", theta=0.5).emission(case_data.step)
-    tally = run_verify(get_verifier("rejection"), case_data, emission.rows.tolist(), 2_000, torch.Generator().manual_seed(7))
+    tally = run_verify(get_verifier("rejection"), case_data, emission.rows.tolist(), 2_000, 7)
     assert len(mismatches(emission, tally, 2_000)) >= 2  # both the tokens and the keep rate at row 0
 
 
@@ -346,7 +363,7 @@ def test_the_check_at_its_draw_count_tells_the_nearest_settings_apart(case):
     (name, options), (other, other_options), _ = nearest_settings(case)
     case_data = CASES[case]()
     claimed = build(other, other_options).emission(case_data.step)
-    tally = run_verify(build(name, options), case_data, claimed.rows.tolist(), DRAWS, torch.Generator().manual_seed(11))
+    tally = run_verify(build(name, options), case_data, claimed.rows.tolist(), DRAWS, 11)
     assert mismatches(claimed, tally, DRAWS), f"{label(name, options)} passed as {label(other, other_options)} in {DRAWS} draws"
 
 
