@@ -133,10 +133,10 @@ def test_a_busy_machine_is_seen_and_an_idle_one_is_not(machine):
 
 @pytest.mark.slow
 def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_speedup(tmp_path, processes):
-    """The one run beside a real competing process (one core kept busy); the other tests here
-    measure a simulated machine, since the real one is shared."""
+    """The one run beside a real competing process (one core kept busy), on the other core (one torch
+    thread); the other tests here measure a simulated machine, since the real one is shared."""
     processes.popen([sys.executable, "-c", BUSY.format(seconds=120.0)])
-    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, "threads=1", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert all(row["disturbed"] and row["other_load"] > contention.DEFAULT_THRESHOLD for row in rows)
