@@ -411,3 +411,30 @@ def smollm():
     from mars_bench.models import load_model
 
     return load_model("HuggingFaceTB/SmolLM2-135M-Instruct", dtype="float32")
+
+
+TINY_TARGET = Path(WORKDIR) / "tiny-smollm2"
+# The app's target as a tiny random Llama with SmolLM2's tokenizer, vocabulary and chat template (``tiny_target``
+# saves it): for tests of what the harness does around its decodes (resuming, failure rows, busy-machine flags,
+# shared folders, parallel jobs), whose claims hold for any model, a decode some 30 times cheaper than SmolLM2's.
+# The smoke experiment's layer-skip drafter drafts with 2 of its 4 layers.
+TINY = [f"model.target={TINY_TARGET}", "drafter.layers=2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> Path:
+    """The folder ``TINY`` names, saved once per session: SmolLM2-135M's config shrunk to 4 layers of width
+    64 (3.3M parameters, seeded), its tokenizer beside it."""
+    if not (TINY_TARGET / "config.json").is_file():
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from mars_bench.sources import resolve_model
+
+        source = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path
+        config = AutoConfig.from_pretrained(source)
+        config.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "head_dim": 16})  # fmt: skip
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(TINY_TARGET)
+        AutoTokenizer.from_pretrained(source).save_pretrained(TINY_TARGET)
+    return TINY_TARGET

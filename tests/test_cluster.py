@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import app, run_main, sbatch_script, slurm_config
+from conftest import TINY, app, run_main, sbatch_script, slurm_config
 
 from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.baseline_cache import cache_entries
@@ -86,10 +86,12 @@ def deterministic(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=timed)
 
 
-def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_serial_sweep(tmp_path, processes):
+@pytest.mark.slow
+def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_serial_sweep(tmp_path, processes, tiny_target):
+    """On the tiny target (conftest.tiny_target): what is shared and written does not depend on the model."""
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
     cache = "baseline_cache=${hydra:sweep.dir}/baselines"
-    done = processes.fork_app("-m", *SWEEP, *PARALLEL, f"hydra.sweep.dir={parallel}", cache)
+    done = processes.fork_app("-m", *SWEEP, *TINY, *PARALLEL, f"hydra.sweep.dir={parallel}", cache)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = rows_by_cell(parallel)
     assert len(cells) == 2
@@ -98,7 +100,7 @@ def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_ser
         assert len(keys) == len(set(keys)) == 4  # 2 prompts x (baseline, method), each once
     decoded = [row for rows in cells.values() for row in rows if row["method"] == "baseline" and not row["baseline_from"]]
     assert len(decoded) == len(cache_entries(parallel / "baselines")) == 2  # 2 prompts, each decoded once by one of the jobs
-    assert app("-m", *SWEEP, f"hydra.sweep.dir={serial}", cache).returncode == 0
+    assert app("-m", *SWEEP, *TINY, f"hydra.sweep.dir={serial}", cache).returncode == 0
     for folder in (parallel, serial):
         assert app_process_analysis(folder) == 0
     for table in ("settings.csv", "fidelity.csv", "quality.csv"):
@@ -113,6 +115,7 @@ def app_process_analysis(folder: Path) -> int:
     return main([str(folder), "--out", str(folder / "analysis")])
 
 
+@pytest.mark.slow
 def test_a_killed_job_is_resumed_by_running_the_sweep_again_with_nothing_lost_or_twice(tmp_path, processes):
     sweep = tmp_path / "sweep"
     overrides = ["-m", *SWEEP, "task.num_prompts=3", "max_new_tokens=16",

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pandas as pd
 import psutil
 import pytest
-from conftest import SMOKE, app
+from conftest import SMOKE, TINY, app
 
 from mars_bench.bench import contention
 from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
@@ -147,9 +147,9 @@ def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_s
 
 
 @pytest.mark.slow
-def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, machine):
+def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, machine, tiny_target):
     machine(1.0, intervals=2)  # a core busy while the manifest samples the load and the first decode is timed, then idle
-    done = app(*SMOKE, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, *TINY, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert rows[0]["retimed"] >= 1
@@ -157,9 +157,9 @@ def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, ma
 
 
 @pytest.mark.slow
-def test_an_idle_run_is_flagged_nowhere(tmp_path, machine):
+def test_an_idle_run_is_flagged_nowhere(tmp_path, machine, tiny_target):
     machine(0.0)
-    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, *TINY, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert not any(row["disturbed"] for row in rows) and all(row["other_load"] is not None for row in rows)

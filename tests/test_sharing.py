@@ -153,13 +153,13 @@ def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
     assert BaselineCache(tmp_path).get(KEYS[2]) == {"b": 3}
 
 
-def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path):
-    from conftest import SMOKE, app
+def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path, tiny_target):
+    from conftest import SMOKE, TINY, app
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     write_claim(tmp_path / CELL_CLAIM, pid=other.pid)
     try:
-        done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
+        done = app(*SMOKE, *TINY, f"hydra.run.dir={tmp_path}")
     finally:
         other.kill()
     assert done.returncode == 0, done.stderr
