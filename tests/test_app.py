@@ -118,11 +118,12 @@ def test_on_a_gpu_the_main_command_drafts_as_loaded_and_is_not_refused_for_the_c
 
 
 @pytest.mark.slow
-def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path):
+def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path, tiny_target):
     tuning = tmp_path / "conf" / "drafter_tuning" / "smollm2-135m_model.yaml"
     tuning.parent.mkdir(parents=True)
     tuning.write_text("# @package drafter\nlength: confidence\nweights: int8\n")
-    settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct"]
+    # the model option smollm2-135m, on the tiny target drafting for itself (conftest.tiny_target): the tuning is the option's
+    settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}"]
     done = app(*SMOKE, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "run" / "records.jsonl") if row["method"] != "baseline"]
@@ -302,12 +303,12 @@ def test_the_source_hash_is_the_same_for_a_copy_and_for_a_wheel_of_this_checkout
 
 
 @pytest.mark.slow
-def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path):
+def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path, tiny_target):
+    """The tiny target (conftest.tiny_target) named as its own draft model."""
     out = tmp_path / "tree"
-    smol = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    cfg = run_config("model=smollm2-135m", "drafter=model_tree", f"model.draft_model={smol}", "task.num_prompts=2",
-                     "max_new_tokens=12", "warmup=0", "progress=false", "temperature=0", "verifier=exact",
-                     "model.dtype=float32")  # fmt: skip
+    cfg = run_config("model=smollm2-135m", f"model.target={tiny_target}", "drafter=model_tree",
+                     f"model.draft_model={tiny_target}", "task.num_prompts=2", "max_new_tokens=12", "warmup=0",
+                     "progress=false", "temperature=0", "verifier=exact", "model.dtype=float32")  # fmt: skip
     rows = run_cell(cfg, out)
     assert [row["status"] for row in rows] == ["ok"] * 4
     assert all(row["agreement"] == 1.0 and row["tau"] > 1 for row in rows if row["method"] == "exact")
