@@ -158,12 +158,14 @@ def test_a_head_that_rescales_its_logits_is_refused_in_one_line():
         reduced(model, [1, 2])
 
 
-def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_setting(tmp_path):
+@pytest.mark.slow
+def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_setting(tmp_path, tiny_target):
     from mars_bench.bench.records import read_rows
 
     counts = tmp_path / "counts.json"
-    counts.write_text(json.dumps(list(range(49152, 0, -1))))
-    settings = ["drafter=model", f"model.draft_model={SMOLLM}", "drafter.draft_vocab=4096", f"drafter.token_counts={counts}"]
+    counts.write_text(json.dumps(list(range(49152, 0, -1))))  # SmolLM2's vocabulary, the tiny target's too
+    settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}", "drafter.draft_vocab=4096",
+                f"drafter.token_counts={counts}"]  # fmt: skip
     done = app(*SMOKE, *settings, f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "run" / "records.jsonl"))

@@ -142,12 +142,13 @@ def _cache(model):
     return DynamicCache(config=model.config)
 
 
-def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_setting(tmp_path):
+@pytest.mark.slow
+def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_setting(tmp_path, tiny_target):
     from conftest import SMOKE, app
 
     from mars_bench.bench.records import read_rows
 
-    settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct", "drafter.weights=int4"]
+    settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}", "drafter.weights=int4"]
     done = app(*SMOKE, *settings, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "records.jsonl") if row["method"] != "baseline"]
