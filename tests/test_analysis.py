@@ -222,6 +222,7 @@ def test_the_paired_test_holds_its_level_under_the_null():
     assert paired_permutation_p(np.ones(20)) < 1e-3  # Monte Carlo path: every sign agrees
 
 
+@pytest.mark.slow
 def test_the_command_writes_every_table_figure_and_an_index(tmp_path):
     frame_dir = tmp_path / "sweep"
     scored_sweep(frame_dir)
@@ -307,6 +308,7 @@ def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("package", ["analysis", "mars_bench.analysis"])  # in a checkout; installed
+@pytest.mark.slow
 def test_analysis_never_imports_torch(package):
     code = f"import sys, {package}.__main__; assert 'torch' not in sys.modules, 'torch was imported'"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -70,6 +70,7 @@ def _drafter_keys(cfg) -> dict:
     return {key: cfg.drafter[key] for key in AS_LOADED}
 
 
+@pytest.mark.slow
 def test_the_embedded_pair_drafts_with_its_measured_best_settings_and_a_command_line_key_wins():
     assert _drafter_keys(run_config()) == TUNED_PAIR
     assert _drafter_keys(run_config("drafter.length=fixed")) == {**TUNED_PAIR, "length": "fixed"}
@@ -141,6 +142,7 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
     check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
 
 
+@pytest.mark.slow
 def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     result = app_process("drafter.topk=3", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -45,6 +45,7 @@ def test_the_slurm_launcher_sizes_every_models_jobs_from_its_config(model, tmp_p
     assert f"#SBATCH --output={tmp_path}/.submitit/" in script
 
 
+@pytest.mark.slow
 def test_the_big_targets_get_enough_gpus_for_their_bf16_weights():
     gpus = {model: slurm_config(Path("/tmp/unused"), f"model={model}").model.resources.gpus for model in MODELS}
     assert gpus["llama3.1-8b"] == 1 and gpus["llama3.3-70b"] >= 2 and gpus["qwen3-235b-a22b"] >= 6

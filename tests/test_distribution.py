@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 from mars_bench.verification import VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # every test draws 6,000 sequences, of tiny tensors
 
 VOCAB, LENGTH, GAMMA, DRAWS = 3, 3, 2, 6000
 PARTS = 2  # DRAWS split between the machine's two cores (conftest.on_every_core), each part with a seed of its own

@@ -79,6 +79,7 @@ def test_a_truncated_sharegpt_file_gives_every_complete_conversations_turns():
     assert list(conversation_texts(truncated, limit=1)) == ["hi", "hello"]
 
 
+@pytest.mark.slow
 def test_the_builtin_count_comes_from_sharegpt_once_then_from_its_hash_named_cache(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
@@ -140,6 +141,7 @@ def test_the_model_drafter_over_a_subset_drafts_only_subset_tokens_with_q_zero_e
 
 
 @pytest.mark.parametrize("name", ["model", "model_tree"])
+@pytest.mark.slow
 def test_exact_with_a_reduced_draft_vocabulary_reproduces_the_targets_greedy_decode(name, tmp_path):
     target, draft = tiny_model(seed=0), tiny_model(seed=7, layers=2)
     np.save(tmp_path / "counts.npy", np.arange(96)[::-1])  # the 48 lowest ids are the "frequent" ones

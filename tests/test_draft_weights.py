@@ -111,6 +111,7 @@ def test_int4_where_torchao_has_no_kernel_is_refused_in_one_line():
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["model", "model_tree"])
+@pytest.mark.slow
 def test_exact_with_quantized_draft_weights_reproduces_the_targets_greedy_decode(name, weights):
     target = tiny_model(seed=0)
     drafter = build_drafter(name, model=tiny_model(seed=0), vocab_size=96, weights=weights)  # the target, quantized

@@ -301,6 +301,7 @@ def empirical_params() -> list:
 
 
 @pytest.mark.parametrize(("name", "options", "case"), empirical_params())
+@pytest.mark.slow
 def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, case):
     verifier = build(name, options)
     case_data = CASES[case]()
@@ -313,6 +314,7 @@ def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, cas
         assert torch.allclose(again.dist, emission.dist, atol=1e-6) and torch.allclose(again.accept, emission.accept, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_empirical_check_tells_one_rule_from_another():
     """Negative control: ``rejection``'s verdicts against ``mars(theta=0.5)``'s emission, 2,000 runs."""
     case_data = deterministic_chain()
@@ -357,6 +359,7 @@ def nearest_settings(case: str) -> tuple[tuple[str, dict], tuple[str, dict], flo
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
 def test_the_check_at_its_draw_count_tells_the_nearest_settings_apart(case):
     """Negative control at the empirical test's draw count: on each case, the verdicts of the setting
     whose emission is nearest another's fail the check against that other emission."""
@@ -505,6 +508,7 @@ DEFAULTS = [(name, {}) for name in available_verifiers()]
 
 
 @pytest.mark.parametrize(("name", "options"), configs([*LOSSLESS, ("mars_ref", {"theta": None}), *DEFAULTS]))
+@pytest.mark.slow
 def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound(name, options):
     verifier = build(name, options)
 
@@ -536,6 +540,7 @@ def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound
 @pytest.mark.parametrize(
     ("name", "options"), [pytest.param(name, options, id=label(name, options)) for name, options in LOSSLESS]
 )
+@pytest.mark.slow
 def test_the_lossless_rules_emit_p_itself(name, options):
     verifier = build(name, options)
 
@@ -550,6 +555,7 @@ def test_the_lossless_rules_emit_p_itself(name, options):
 
 
 @pytest.mark.parametrize("eps", [0.1, 0.3])
+@pytest.mark.slow
 def test_tv_budget_spends_exactly_its_budget(eps):
     verifier = build("tv_budget", {"eps": eps})
 
@@ -573,6 +579,7 @@ def kl_divergence(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("budget", [0.05, 0.2])
+@pytest.mark.slow
 def test_mentored_stays_within_its_kl_budget(budget):
     """KL(P_V || p) <= D, and P_V = q where q itself is within the budget (for drafts the target
     nearly rules out see the test that follows)."""

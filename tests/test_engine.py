@@ -41,6 +41,7 @@ def drafters(target):
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.slow
 def test_exact_reproduces_the_baseline_with_every_drafter(target, gamma):
     for prompt in PROMPTS:
         baseline = decode(target, None, None, prompt, max_new_tokens=40)
@@ -95,6 +96,7 @@ def test_same_seed_gives_the_same_sample(target):
     assert other != runs[0]
 
 
+@pytest.mark.slow
 def test_mars_with_relaxation_off_decodes_like_the_strict_rules(target):
     drafter = build_drafter("model", model=tiny_model("llama", seed=7, layers=2), vocab_size=96)
     for temperature, strict in ((0.0, "exact"), (1.0, "rejection")):
@@ -122,6 +124,7 @@ def test_mars_relaxes_on_a_real_margin_and_counts_it(target):
     assert relaxed.accepted / relaxed.drafted > strict.accepted / strict.drafted
 
 
+@pytest.mark.slow
 def test_shadow_verifiers_judge_the_same_drafts_without_changing_the_output(target):
     drafter = build_drafter("model", model=perturbed_copy(target, scale=0.1))
     relaxed = get_verifier("mars", theta=0.5, guard="gap")

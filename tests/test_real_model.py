@@ -3,10 +3,13 @@ lookup drafters with ``exact`` reproduce the baseline, which equals ``model.gene
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mars_bench import build_drafter, decode
 from mars_bench.models import chat_prompt_ids, stop_token_ids
+
+pytestmark = pytest.mark.slow  # SmolLM2-135M from its mirror
 
 QUESTION = "Write a Python function that returns the n-th Fibonacci number."
 

@@ -115,6 +115,7 @@ def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing
         claim.release()
 
 
+@pytest.mark.slow
 def test_four_processes_racing_on_one_cache_and_one_records_folder_leave_nothing_torn_or_twice(tmp_path):
     context = multiprocessing.get_context("fork")
     for repeat in range(20):
@@ -153,6 +154,7 @@ def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
     assert BaselineCache(tmp_path).get(KEYS[2]) == {"b": 3}
 
 
+@pytest.mark.slow
 def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path, tiny_target):
     from conftest import SMOKE, TINY, app
 

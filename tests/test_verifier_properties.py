@@ -69,6 +69,7 @@ def well_formed(step: VerifyInput, verifier, verdict) -> None:
         assert decisions.triggered is None
 
 
+@pytest.mark.slow  # FUZZ_CASES inputs per verifier
 @pytest.mark.parametrize("name", available_verifiers())
 @settings(max_examples=FUZZ_CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(step=steps(), seed=st.integers(0, 2**31 - 1))
