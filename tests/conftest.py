@@ -293,6 +293,17 @@ def on_every_core(part: Callable[[int], Part], parts: int = 2) -> list[Part]:
             os.waitpid(pid, 0)
 
 
+def examples_on_every_core(test: Callable[[], None], examples: object, parts: int = 2) -> None:
+    """Hypothesis's ``test`` (``@given``, no ``@settings`` of its own) on ``examples.max_examples`` examples
+    under ``examples`` (a ``hypothesis.settings``), a share on each core (``on_every_core``), each share from a
+    seed of its own, drawn afresh for every run as hypothesis draws its own."""
+    from hypothesis import seed, settings
+
+    base = int.from_bytes(os.urandom(8), "little")
+    share = settings(examples, max_examples=examples.max_examples // parts)
+    on_every_core(lambda part: seed(base + part)(share(test))(), parts)
+
+
 def _send_part(part: Callable[[int], object], index: int, write: int) -> None:
     """What a child of ``on_every_core`` runs: its part, pickled into ``write``; it never returns into pytest."""
     status = 1

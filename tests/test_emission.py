@@ -26,7 +26,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import on_every_core
+from conftest import examples_on_every_core, on_every_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -503,7 +503,7 @@ def check_is_a_distribution(step: VerifyInput, emission: Emission) -> None:
     assert ((emission.accept >= 0) & (emission.accept <= 1 + 1e-6)).all(), emission.accept  # float32 sums
 
 
-PROPERTY_EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # on both cores
 DEFAULTS = [(name, {}) for name in available_verifiers()]
 
 
@@ -512,7 +512,6 @@ DEFAULTS = [(name, {}) for name in available_verifiers()]
 def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound(name, options):
     verifier = build(name, options)
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps(chains_only=refuses_trees(verifier)))
     def check(step):
         emission = verifier.emission(step)
@@ -534,7 +533,7 @@ def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound
                     again.accept, emission.accept, atol=1e-6
                 )
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 @pytest.mark.parametrize(
@@ -544,14 +543,13 @@ def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound
 def test_the_lossless_rules_emit_p_itself(name, options):
     verifier = build(name, options)
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps())
     def check(step):
         measured = cost(verifier, step, verifier.emission(step))
         assert (measured.tv < 1e-6).all(), measured.tv
         assert (measured.kl < 1e-6).all(), measured.kl
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 @pytest.mark.parametrize("eps", [0.1, 0.3])
@@ -559,7 +557,6 @@ def test_the_lossless_rules_emit_p_itself(name, options):
 def test_tv_budget_spends_exactly_its_budget(eps):
     verifier = build("tv_budget", {"eps": eps})
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps(chains_only=True))
     def check(step):
         measured = cost(verifier, step, verifier.emission(step))
@@ -568,7 +565,7 @@ def test_tv_budget_spends_exactly_its_budget(eps):
         expected_tv = measured.draft_tv.clamp(max=eps)
         assert torch.allclose(measured.tv, expected_tv, atol=1e-6), (measured.tv, expected_tv)
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 def kl_divergence(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -585,7 +582,6 @@ def test_mentored_stays_within_its_kl_budget(budget):
     nearly rules out see the test that follows)."""
     verifier = build("mentored", {"kl_budget": budget})
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps(chains_only=True))
     def check(step):
         emission = verifier.emission(step)
@@ -596,7 +592,7 @@ def test_mentored_stays_within_its_kl_budget(budget):
         within = kl_divergence(q, p) <= budget - 1e-6
         assert torch.allclose(emission.dist.double()[within], q[within], atol=1e-5), (emission.dist, q)
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 @pytest.mark.parametrize("budget", [0.05, 0.2])
