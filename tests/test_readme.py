@@ -7,7 +7,9 @@ shows is one of those or is checked here too. A command runs through its real en
 process (``python -m X`` is ``runpy`` on X with the same argv; ``mars-bench-lm-eval`` is the console
 script's function), so that the small model loads once. What differs from the user's command is only
 what is appended: the model (SmolLM2-135M, drafting for itself where the command uses a separate draft
-model), the prompt count, the token budget and, for a sweep, the one task its run decodes.
+model; for the sweeps of several cells, the threshold ablation, the zoo and the cluster recipe, the tiny
+random target with SmolLM2's tokenizer, drafting for itself: conftest.tiny_target), the prompt count, the
+token budget and, for a sweep, the one task its run decodes.
 
 The runs a user makes one after the other run once, in fixtures, and every journey that reads them
 asserts on them: the main command, its analysis and its rescoring; the paper's threshold ablation (its
@@ -30,7 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, needs_shared_data, python_m, sbatch_script, slurm_config
+from conftest import SHARED_DATA, TINY_TARGET, needs_shared_data, python_m, sbatch_script, slurm_config
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -59,6 +61,8 @@ SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The tests share a busy machine: no row is flagged as disturbed and left out of the speed tables (test_contention checks flags).
 SMALL = ["task.num_prompts=2", "max_new_tokens=8", "warmup=0", "progress=false", "disturbed_load=1000"]
 SMALL_MODEL = ["model=smollm2-135m", f"model.draft_model={SMOLLM}"]
+# The sweeps' cells test what the harness makes of a sweep, for any model: the tiny target, drafting for itself.
+TINY_MODEL = ["model=smollm2-135m", f"model.target={TINY_TARGET}", f"model.draft_model={TINY_TARGET}"]
 ONE_TASK = ["task.num_prompts=1", "task=humaneval"]  # a sweep run on one prompt of one task: every cell is composed too
 LARGE = re.compile(r"model=(llama|qwen3|vicuna)|drafter=eagle3|experiment=table1")
 
@@ -228,13 +232,13 @@ THETAS = (0.84, 0.88, 0.9, 0.94, 0.98)
 
 
 @pytest.fixture(scope="module")
-def ablation(tmp_path_factory) -> Path:
+def ablation(tmp_path_factory, tiny_target) -> Path:
     """The paper's threshold ablation as a user runs it: its strict reference, then its thetas, into one
     folder (``DIR``), on one HumanEval prompt; then its analysis. The working folder."""
     work = tmp_path_factory.mktemp("ablation")
     with pytest.MonkeyPatch.context() as monkeypatch:
         for command in (shown(ABLATION_STRICT), shown(ABLATION)):
-            assert run(command, work, monkeypatch, [*app_overrides(command), *ONE_TASK]) == 0
+            assert run(command, work, monkeypatch, [*TINY_MODEL, *SMALL, *ONE_TASK]) == 0
         assert run(shown(ABLATION_ANALYSIS), work, monkeypatch) == 0
     return work
 
@@ -301,11 +305,11 @@ ZOO = "python -m mars_bench -m experiment=zoo"
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory) -> Path:
+def zoo(tmp_path_factory, tiny_target) -> Path:
     """The verifier zoo on one HumanEval prompt (``ZOO``), then its analysis. The working folder."""
     work = tmp_path_factory.mktemp("zoo")
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert run(shown(ZOO), work, monkeypatch, [*app_overrides(shown(ZOO)), *ONE_TASK]) == 0
+        assert run(shown(ZOO), work, monkeypatch, [*TINY_MODEL, *SMALL, *ONE_TASK]) == 0
         assert run(shown("python -m analysis ZOO"), work, monkeypatch) == 0
     return work
 
@@ -385,13 +389,13 @@ def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jo
 
 
 @needs_shared_data  # Alpaca and CNN/DM prompts come from ../shared/data (or the Hub)
-def test_the_cluster_recipe_then_its_table1(tmp_path, monkeypatch):
-    """The recipe's sweep for one target (SmolLM2 drafting for itself, in this process rather than on
+def test_the_cluster_recipe_then_its_table1(tmp_path, monkeypatch, tiny_target):
+    """The recipe's sweep for one target (smollm2-135m, the tiny target drafting for itself, in this process rather than on
     SLURM, one prompt per task, the MARS cell of each: the strict ones are composed above), then the
     recipe's analysis over the folder of every sweep."""
     sweep = shown(CLUSTER_SWEEP).replace("$model", "smollm2-135m").removesuffix("&")
     sweep = sweep.replace("hydra/launcher=slurm ", "").replace("drafter=eagle3", "drafter=model")
-    small = [f"model.draft_model={SMOLLM}", *SMALL, "task.num_prompts=1", "verifier=mars"]
+    small = [*TINY_MODEL[1:], *SMALL, "task.num_prompts=1", "verifier=mars"]
     assert run(sweep, tmp_path, monkeypatch, small) == 0
     assert len(list((tmp_path / "table1" / "smollm2-135m").glob("*/records.jsonl"))) == 5  # 5 tasks
     analyse = shown("python -m analysis table1")
