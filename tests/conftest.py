@@ -33,7 +33,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(2)
+# The cores this process may use: all of the machine's, or under pytest-xdist (``-n N``) its share of them.
+CORES = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(CORES)
 
 
 def _absl_logs_to_the_real_stderr() -> None:
@@ -264,7 +266,10 @@ def on_every_core(part: Callable[[int], Part], parts: int = 2) -> list[Part]:
     """``[part(0), ..., part(parts - 1)]``, all at once: part 0 in this process, each other in a child forked
     from it (the 2-core machine draws a statistical test's samples on both cores). A child runs torch on one
     thread (see ``OwnedProcesses.start_fork``) and sends its part back pickled; an error in it is raised
-    here with its traceback. However the test ends, no child outlives this call."""
+    here with its traceback. However the test ends, no child outlives this call. Where this process has one
+    core (an xdist worker on the 2-core machine), the parts run here one after the other: the same parts."""
+    if CORES < 2:
+        return [part(index) for index in range(parts)]
     children: list[tuple[int, int]] = []  # (process id, the pipe's end its part comes from)
     try:
         for index in range(1, parts):
@@ -300,6 +305,9 @@ def examples_on_every_core(test: Callable[[], None], examples: object, parts: in
     from hypothesis import seed, settings
 
     base = int.from_bytes(os.urandom(8), "little")
+    if CORES < 2:  # one core: all the examples here, from one seed (a test takes hypothesis's settings once)
+        seed(base)(settings(examples)(test))()
+        return
     share = settings(examples, max_examples=examples.max_examples // parts)
     on_every_core(lambda part: seed(base + part)(share(test))(), parts)
 
