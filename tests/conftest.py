@@ -56,6 +56,16 @@ needs_shared_data = pytest.mark.skipif(
 )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that share a module-scoped fixture stay on one xdist worker (``--dist loadgroup``), so that
+    it is set up once; every other test goes to whichever worker is free."""
+    for item in items:
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(defs and defs[-1].scope == "module" for defs in definitions.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 4, vocab: int = 96):
     """A randomly initialised causal LM with peaked attention (initializer_range 0.2)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
