@@ -467,3 +467,13 @@ def tiny_target() -> Path:
         AutoModelForCausalLM.from_config(config).save_pretrained(TINY_TARGET)
         AutoTokenizer.from_pretrained(source).save_pretrained(TINY_TARGET)
     return TINY_TARGET
+
+
+# A record's fields that time its decode or say what else ran meanwhile: two runs of the same seeds agree on all others.
+TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
+         "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # fmt: skip
+
+
+def without_times(row: dict) -> dict:
+    """A record without its ``TIMES`` fields."""
+    return {key: value for key, value in row.items() if key not in TIMES}

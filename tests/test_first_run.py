@@ -16,8 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import SMOKE, TINY, python_m, run_config, run_main, tiny_model
-from test_reliability import TIMES
+from conftest import SMOKE, TINY, python_m, run_config, run_main, tiny_model, without_times
 
 from mars_bench import build_drafter, decode
 from mars_bench.bench.claims import Claim
@@ -72,10 +71,6 @@ def rows_by_key(folder: Path) -> dict[tuple, dict]:
     keyed = {(row["question_id"], row["turn"], row["method"]): row for row in rows}
     assert len(keyed) == len(rows), "a row was written twice"
     return keyed
-
-
-def without_times(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key not in TIMES}
 
 
 def mars_lines(stderr: str) -> list[str]:

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import TINY, TINY_TARGET, app, run_config, run_main
+from conftest import TINY, TINY_TARGET, app, run_config, run_main, without_times
 
 from mars_bench.bench.cell import run_cell
 from mars_bench.bench.failures import failure_line
@@ -28,8 +28,6 @@ RUN = [*SMALL, *TINY]  # the runs here test the harness around the decodes: a ti
 # alike, so that their bf16 sums are added up alike on any machine.
 CELL = [*RUN, "task.num_prompts=2", "threads=1"]
 GREEDY = [*CELL, "temperature=0"]
-TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
-         "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # the timing and what else ran meanwhile
 
 
 def killed_app(where: str, count: int, overrides: list[str]) -> int:
@@ -74,10 +72,6 @@ KILL_POINTS = [
 
 def rows_by_key(folder: Path) -> dict[tuple, dict]:
     return {(r["question_id"], r["turn"], r["method"]): r for r in read_rows(folder / "records.jsonl")}
-
-
-def without_times(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key not in TIMES}
 
 
 def run_in_process(overrides: list[str], folder: Path) -> dict[tuple, dict]:
