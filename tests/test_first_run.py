@@ -101,7 +101,7 @@ def ctrl_c_after_first_row(work: Path, processes) -> subprocess.CompletedProcess
     (SIGINT to its process group, as a terminal sends it) once its first row is on disk."""
     child = processes.start_fork(partial(held_after_its_first_row, *RUN), cwd=work)
     deadline = time.monotonic() + 300
-    while not any(read_rows(path) for path in work.glob("runs/*/*/records.jsonl")):
+    while not any(next(read_rows(path), None) for path in work.glob("runs/*/*/records.jsonl")):  # a complete row
         ended, _ = os.waitpid(child.pid, os.WNOHANG)
         assert not ended, child.output()[1]
         assert time.monotonic() < deadline, "no row within 300 s"
