@@ -17,8 +17,11 @@ from mars_bench.verification.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
-GREEDY = {"max_gen_toks": 24, "until": []}
-STORY_TOKENS = 48  # the story the stop-string test cuts: enough text for a stop string first seen halfway
+# 12 tokens: 8 steps of SmolLM2's layer-skip drafts, in which each draft length drafts its own lengths (the schedule
+# shrinks on rejections and grows on a full acceptance, the confidence cut stops drafts early) and drafts are kept and rejected.
+GREEDY = {"max_gen_toks": 12, "until": []}
+STORY_TOKENS = 24  # the story the stop-string test cuts: enough text for a stop string first seen halfway
+SAMPLED_TOKENS = 8  # the sea poem's greedy and sampled answers differ from the first token on
 
 
 @pytest.mark.parametrize(("setting", "message"), [
@@ -121,8 +124,8 @@ def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(l
 def test_a_task_asking_for_sampling_is_sampled(layerskip_lm, decodes):
     lm = layerskip_lm
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
-    greedy = lm.generate(context, {"until": [], "max_gen_toks": 24})
-    sampled = lm.generate(context, {"until": [], "max_gen_toks": 24, "do_sample": True, "temperature": 1.0})
+    greedy = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS})
+    sampled = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS, "do_sample": True, "temperature": 1.0})
     assert [call["temperature"] for call, _ in decodes] == [0.0, 1.0]
     assert sampled != greedy
 
