@@ -9,7 +9,7 @@ script's function), so that the small model loads once. What differs from the us
 what is appended: the model (SmolLM2-135M, drafting for itself where the command uses a separate draft
 model; for the sweeps of several cells, the threshold ablation, the zoo and the cluster recipe, the tiny
 random target with SmolLM2's tokenizer, drafting for itself: conftest.tiny_target), the prompt count, the
-token budget and, for a sweep, the one task its run decodes.
+token budget (for the perf suite, also its draft length) and, for a sweep, the one task its run decodes.
 
 The runs a user makes one after the other run once, in fixtures, and every journey that reads them
 asserts on them: the main command, its analysis and its rescoring; the paper's threshold ablation (its
@@ -418,14 +418,16 @@ def test_the_lm_eval_example_from_a_bare_clone(monkeypatch, capsys):
     assert re.search(r"mars_bench: 1 requests, \d+ new tokens in [\d.]+ s \([\d.]+ tok/s\), tau [\d.]+, acceptance ", err)
 
 
-PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "8",
-              "--data-dir", str(SHARED_DATA)]  # fmt: skip
+# A budget of 3 new tokens and drafts of 1 (the forward costs time the target at widths 1 to gamma + 1) keep every
+# method, comparison and report section, and greedy decodes that match generate's past the prefill's token.
+PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "3",
+              "--gamma", "1", "--data-dir", str(SHARED_DATA)]  # fmt: skip
 PERF_TWO_REPEATS = "python -m mars_bench.perf --repeats 2"
 
 
 @pytest.fixture(scope="module")
 def perf_run(tmp_path_factory) -> Path:
-    """The perf suite's two-repeat command on two GSM8K prompts: its output folder."""
+    """The perf suite's two-repeat command on two GSM8K prompts, 3 new tokens, drafts of 1 token: its output folder."""
     work = tmp_path_factory.mktemp("perf")
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert run(shown(PERF_TWO_REPEATS), work, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0
