@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import runpy
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import pytest
 
@@ -32,7 +33,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(2)
+# The cores this process may use: all of the machine's, or under pytest-xdist (``-n N``) its share of them.
+CORES = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(CORES)
 
 
 def _absl_logs_to_the_real_stderr() -> None:
@@ -51,6 +54,16 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared_data = pytest.mark.skipif(
     not SHARED_DATA.is_dir(), reason=f"needs the MARS prompt files in {SHARED_DATA}; no registry package carries them"
 )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that share a module-scoped fixture stay on one xdist worker (``--dist loadgroup``), so that
+    it is set up once; every other test goes to whichever worker is free."""
+    for item in items:
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(defs and defs[-1].scope == "module" for defs in definitions.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 4, vocab: int = 96):
@@ -256,6 +269,75 @@ def _forked_child(main: Callable[[], int], cwd: Path | str, out: int, err: int) 
     return status
 
 
+Part = TypeVar("Part")
+
+
+def on_every_core(part: Callable[[int], Part], parts: int = 2) -> list[Part]:
+    """``[part(0), ..., part(parts - 1)]``, all at once: part 0 in this process, each other in a child forked
+    from it (the 2-core machine draws a statistical test's samples on both cores). A child runs torch on one
+    thread (see ``OwnedProcesses.start_fork``) and sends its part back pickled; an error in it is raised
+    here with its traceback. However the test ends, no child outlives this call. Where this process has one
+    core (an xdist worker on the 2-core machine), the parts run here one after the other: the same parts."""
+    if CORES < 2:
+        return [part(index) for index in range(parts)]
+    children: list[tuple[int, int]] = []  # (process id, the pipe's end its part comes from)
+    try:
+        for index in range(1, parts):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(read)
+                _send_part(part, index, write)
+            os.close(write)
+            children.append((pid, read))
+        results = [part(0)]
+        for index, (_, read) in enumerate(children, start=1):
+            with open(read, "rb", closefd=False) as stream:
+                outcome, value = pickle.load(stream)
+            if outcome != "ok":
+                raise RuntimeError(f"part {index} of {parts} failed in its fork:\n{value}")
+            results.append(value)
+        return results
+    finally:
+        for pid, read in children:
+            os.close(read)
+            try:
+                os.kill(pid, signal.SIGKILL)  # one still running (this process raised first); a finished one is a zombie
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+
+
+def examples_on_every_core(test: Callable[[], None], examples: object, parts: int = 2) -> None:
+    """Hypothesis's ``test`` (``@given``, no ``@settings`` of its own) on ``examples.max_examples`` examples
+    under ``examples`` (a ``hypothesis.settings``), a share on each core (``on_every_core``), each share from a
+    seed of its own, drawn afresh for every run as hypothesis draws its own."""
+    from hypothesis import seed, settings
+
+    base = int.from_bytes(os.urandom(8), "little")
+    if CORES < 2:  # one core: all the examples here, from one seed (a test takes hypothesis's settings once)
+        seed(base)(settings(examples)(test))()
+        return
+    share = settings(examples, max_examples=examples.max_examples // parts)
+    on_every_core(lambda part: seed(base + part)(share(test))(), parts)
+
+
+def _send_part(part: Callable[[int], object], index: int, write: int) -> None:
+    """What a child of ``on_every_core`` runs: its part, pickled into ``write``; it never returns into pytest."""
+    status = 1
+    try:
+        torch.set_num_threads(1)
+        try:
+            payload = ("ok", part(index))
+        except BaseException:
+            payload = ("error", traceback.format_exc())
+        with os.fdopen(write, "wb") as stream:
+            pickle.dump(payload, stream)
+        status = 0
+    finally:
+        os._exit(status)
+
+
 @pytest.fixture(autouse=True)
 def torch_threads() -> Iterator[None]:
     """A run in this process with ``threads=N`` sets torch's threads for the process: every test gets
@@ -358,3 +440,40 @@ def smollm():
     from mars_bench.models import load_model
 
     return load_model("HuggingFaceTB/SmolLM2-135M-Instruct", dtype="float32")
+
+
+TINY_TARGET = Path(WORKDIR) / "tiny-smollm2"
+# The app's target as a tiny random Llama with SmolLM2's tokenizer, vocabulary and chat template (``tiny_target``
+# saves it): for tests of what the harness does around its decodes (resuming, failure rows, busy-machine flags,
+# shared folders, parallel jobs), whose claims hold for any model, a decode some 30 times cheaper than SmolLM2's.
+# The smoke experiment's layer-skip drafter drafts with 2 of its 4 layers.
+TINY = [f"model.target={TINY_TARGET}", "drafter.layers=2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> Path:
+    """The folder ``TINY`` names, saved once per session: SmolLM2-135M's config shrunk to 4 layers of width
+    64 (3.3M parameters, seeded), its tokenizer beside it."""
+    if not (TINY_TARGET / "config.json").is_file():
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from mars_bench.sources import resolve_model
+
+        source = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path
+        config = AutoConfig.from_pretrained(source)
+        config.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "head_dim": 16})  # fmt: skip
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(TINY_TARGET)
+        AutoTokenizer.from_pretrained(source).save_pretrained(TINY_TARGET)
+    return TINY_TARGET
+
+
+# A record's fields that time its decode or say what else ran meanwhile: two runs of the same seeds agree on all others.
+TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
+         "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # fmt: skip
+
+
+def without_times(row: dict) -> dict:
+    """A record without its ``TIMES`` fields."""
+    return {key: value for key, value in row.items() if key not in TIMES}

@@ -222,6 +222,7 @@ def test_the_paired_test_holds_its_level_under_the_null():
     assert paired_permutation_p(np.ones(20)) < 1e-3  # Monte Carlo path: every sign agrees
 
 
+@pytest.mark.slow
 def test_the_command_writes_every_table_figure_and_an_index(tmp_path):
     frame_dir = tmp_path / "sweep"
     scored_sweep(frame_dir)
@@ -307,6 +308,7 @@ def test_an_empty_or_missing_sweep_gives_a_clear_message(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("package", ["analysis", "mars_bench.analysis"])  # in a checkout; installed
+@pytest.mark.slow
 def test_analysis_never_imports_torch(package):
     code = f"import sys, {package}.__main__; assert 'torch' not in sys.modules, 'torch was imported'"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
@@ -419,15 +421,17 @@ def test_old_records_take_the_conditions_they_lack_from_their_manifest(tmp_path)
 
 
 @pytest.mark.slow
-def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(smoke_run, tmp_path):
-    from conftest import SMOKE, python_m
+def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(tiny_target, tmp_path):
+    """Two app runs (the smoke experiment on the tiny target: what is proven is the analysis of the folders
+    the app writes, which holds for any model) that differ only in max_new_tokens are two settings, each
+    pooled and paired as when analysed alone."""
+    from conftest import SMOKE, TINY, python_m
 
-    result, long_run = smoke_run  # max_new_tokens=12
-    assert result.returncode == 0, result.stderr
-    short_run = tmp_path / "short"
     overrides = [item for item in SMOKE if not item.startswith("max_new_tokens=")]
-    done = python_m("mars_bench", *overrides, "max_new_tokens=8", f"output_dir={short_run}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    long_run, short_run = tmp_path / "long", tmp_path / "short"
+    for run, tokens in ((long_run, 12), (short_run, 8)):
+        done = python_m("mars_bench", *overrides, *TINY, f"max_new_tokens={tokens}", f"output_dir={run}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
     frame = gather([long_run, short_run]).assign(disturbed=False)  # --include-disturbed: this machine is shared
     summary = method_summary(frame).set_index("label")
     quality = quality_table(frame).set_index("method")

@@ -70,6 +70,7 @@ def _drafter_keys(cfg) -> dict:
     return {key: cfg.drafter[key] for key in AS_LOADED}
 
 
+@pytest.mark.slow
 def test_the_embedded_pair_drafts_with_its_measured_best_settings_and_a_command_line_key_wins():
     assert _drafter_keys(run_config()) == TUNED_PAIR
     assert _drafter_keys(run_config("drafter.length=fixed")) == {**TUNED_PAIR, "length": "fixed"}
@@ -118,11 +119,12 @@ def test_on_a_gpu_the_main_command_drafts_as_loaded_and_is_not_refused_for_the_c
 
 
 @pytest.mark.slow
-def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path):
+def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path, tiny_target):
     tuning = tmp_path / "conf" / "drafter_tuning" / "smollm2-135m_model.yaml"
     tuning.parent.mkdir(parents=True)
     tuning.write_text("# @package drafter\nlength: confidence\nweights: int8\n")
-    settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct"]
+    # the model option smollm2-135m, on the tiny target drafting for itself (conftest.tiny_target): the tuning is the option's
+    settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}"]
     done = app(*SMOKE, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "run" / "records.jsonl") if row["method"] != "baseline"]
@@ -140,6 +142,7 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
     check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
 
 
+@pytest.mark.slow
 def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     result = app_process("drafter.topk=3", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -302,12 +305,12 @@ def test_the_source_hash_is_the_same_for_a_copy_and_for_a_wheel_of_this_checkout
 
 
 @pytest.mark.slow
-def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path):
+def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path, tiny_target):
+    """The tiny target (conftest.tiny_target) named as its own draft model."""
     out = tmp_path / "tree"
-    smol = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    cfg = run_config("model=smollm2-135m", "drafter=model_tree", f"model.draft_model={smol}", "task.num_prompts=2",
-                     "max_new_tokens=12", "warmup=0", "progress=false", "temperature=0", "verifier=exact",
-                     "model.dtype=float32")  # fmt: skip
+    cfg = run_config("model=smollm2-135m", f"model.target={tiny_target}", "drafter=model_tree",
+                     f"model.draft_model={tiny_target}", "task.num_prompts=2", "max_new_tokens=12", "warmup=0",
+                     "progress=false", "temperature=0", "verifier=exact", "model.dtype=float32")  # fmt: skip
     rows = run_cell(cfg, out)
     assert [row["status"] for row in rows] == ["ok"] * 4
     assert all(row["agreement"] == 1.0 and row["tau"] > 1 for row in rows if row["method"] == "exact")

@@ -6,6 +6,7 @@ analysis leave disturbed rows out of speedups unless told otherwise."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -13,14 +14,14 @@ from types import SimpleNamespace
 import pandas as pd
 import psutil
 import pytest
-from conftest import SMOKE, app
+from conftest import SMOKE, TINY, app
 
 from mars_bench.bench import contention
 from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
 from mars_bench.bench.records import read_rows
 from mars_bench.bench.summary import disturbed_rows, format_table, summarise
 
-BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+BUSY = "import time\nend = time.time() + {seconds}\nprint('busy', flush=True)\nwhile time.time() < end: pass"
 
 
 class SimulatedMachine:
@@ -132,11 +133,15 @@ def test_a_busy_machine_is_seen_and_an_idle_one_is_not(machine):
 
 
 @pytest.mark.slow
-def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_speedup(tmp_path, processes):
-    """The one run beside a real competing process (one core kept busy); the other tests here
-    measure a simulated machine, since the real one is shared."""
-    processes.popen([sys.executable, "-c", BUSY.format(seconds=120.0)])
-    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
+def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_speedup(tmp_path, processes, tiny_target):
+    """The one run beside a real competing process (one core kept busy), on the other core (one torch
+    thread); the other tests here measure a simulated machine, since the real one is shared. The flags
+    hold for any model: the tiny target (conftest.tiny_target), its decodes long enough (32 new tokens)
+    that each timed interval spans many of the CPU counters' 10 ms ticks."""
+    competitor = processes.popen([sys.executable, "-c", BUSY.format(seconds=120.0)], stdout=subprocess.PIPE, text=True)
+    assert competitor.stdout.readline() == "busy\n"  # it spins from here on: the run starts beside it, not before it
+    competitor.stdout.close()
+    done = app(*SMOKE, *TINY, "max_new_tokens=32", "threads=1", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert all(row["disturbed"] and row["other_load"] > contention.DEFAULT_THRESHOLD for row in rows)
@@ -147,9 +152,9 @@ def test_a_run_beside_a_busy_process_flags_its_rows_and_leaves_them_out_of_the_s
 
 
 @pytest.mark.slow
-def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, machine):
+def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, machine, tiny_target):
     machine(1.0, intervals=2)  # a core busy while the manifest samples the load and the first decode is timed, then idle
-    done = app(*SMOKE, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, *TINY, "retry_disturbed=2", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert rows[0]["retimed"] >= 1
@@ -157,9 +162,9 @@ def test_retry_disturbed_times_a_row_again_once_the_machine_is_idle(tmp_path, ma
 
 
 @pytest.mark.slow
-def test_an_idle_run_is_flagged_nowhere(tmp_path, machine):
+def test_an_idle_run_is_flagged_nowhere(tmp_path, machine, tiny_target):
     machine(0.0)
-    done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
+    done = app(*SMOKE, *TINY, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "records.jsonl"))
     assert not any(row["disturbed"] for row in rows) and all(row["other_load"] is not None for row in rows)

@@ -4,17 +4,20 @@ distributed exactly as the target's, by a chi-square test on a toy Markov target
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import pytest
 import torch
+from conftest import on_every_core
 from scipy.stats import chisquare
 
 from mars_bench.verification import VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # every test draws 6,000 sequences, of tiny tensors
 
 VOCAB, LENGTH, GAMMA, DRAWS = 3, 3, 2, 6000
+PARTS = 2  # DRAWS split between the machine's two cores (conftest.on_every_core), each part with a seed of its own
 MIN_EXPECTED = 5.0
 SAMPLE = SamplingParams(temperature=1.0)
 
@@ -108,14 +111,19 @@ def chi_square_pvalue(
     **params,
 ) -> float:
     verifier = get_verifier(name, **params)
-    generator = torch.Generator().manual_seed(1234)
-    counts: dict[tuple[int, ...], int] = {}
-    for _ in range(DRAWS):
-        if tree:
-            sequence = speculative_tree_sequence(verifier, generator, target)
-        else:
-            sequence = speculative_sequence(verifier, generator, deterministic_drafts, target, drafter, reported)
-        counts[sequence] = counts.get(sequence, 0) + 1
+
+    def draw(part: int) -> Counter:
+        """The sequences of one core's share of the draws, from a generator of its own."""
+        generator = torch.Generator().manual_seed(1234 + part)
+        drawn: Counter = Counter()
+        for _ in range(DRAWS // PARTS):
+            if tree:
+                drawn[speculative_tree_sequence(verifier, generator, target)] += 1
+            else:
+                drawn[speculative_sequence(verifier, generator, deterministic_drafts, target, drafter, reported)] += 1
+        return drawn
+
+    counts = sum(on_every_core(draw, PARTS), Counter())
     joint = target_joint(target)
     total = sum(joint.values())
     expected = {sequence: mass / total * DRAWS for sequence, mass in joint.items()}

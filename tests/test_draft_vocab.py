@@ -79,6 +79,7 @@ def test_a_truncated_sharegpt_file_gives_every_complete_conversations_turns():
     assert list(conversation_texts(truncated, limit=1)) == ["hi", "hello"]
 
 
+@pytest.mark.slow
 def test_the_builtin_count_comes_from_sharegpt_once_then_from_its_hash_named_cache(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
@@ -140,6 +141,7 @@ def test_the_model_drafter_over_a_subset_drafts_only_subset_tokens_with_q_zero_e
 
 
 @pytest.mark.parametrize("name", ["model", "model_tree"])
+@pytest.mark.slow
 def test_exact_with_a_reduced_draft_vocabulary_reproduces_the_targets_greedy_decode(name, tmp_path):
     target, draft = tiny_model(seed=0), tiny_model(seed=7, layers=2)
     np.save(tmp_path / "counts.npy", np.arange(96)[::-1])  # the 48 lowest ids are the "frequent" ones
@@ -158,12 +160,14 @@ def test_a_head_that_rescales_its_logits_is_refused_in_one_line():
         reduced(model, [1, 2])
 
 
-def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_setting(tmp_path):
+@pytest.mark.slow
+def test_the_app_drafts_over_a_reduced_vocabulary_and_records_it_in_the_drafter_setting(tmp_path, tiny_target):
     from mars_bench.bench.records import read_rows
 
     counts = tmp_path / "counts.json"
-    counts.write_text(json.dumps(list(range(49152, 0, -1))))
-    settings = ["drafter=model", f"model.draft_model={SMOLLM}", "drafter.draft_vocab=4096", f"drafter.token_counts={counts}"]
+    counts.write_text(json.dumps(list(range(49152, 0, -1))))  # SmolLM2's vocabulary, the tiny target's too
+    settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}", "drafter.draft_vocab=4096",
+                f"drafter.token_counts={counts}"]  # fmt: skip
     done = app(*SMOKE, *settings, f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     rows = list(read_rows(tmp_path / "run" / "records.jsonl"))

@@ -111,6 +111,7 @@ def test_int4_where_torchao_has_no_kernel_is_refused_in_one_line():
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("name", ["model", "model_tree"])
+@pytest.mark.slow
 def test_exact_with_quantized_draft_weights_reproduces_the_targets_greedy_decode(name, weights):
     target = tiny_model(seed=0)
     drafter = build_drafter(name, model=tiny_model(seed=0), vocab_size=96, weights=weights)  # the target, quantized
@@ -142,12 +143,13 @@ def _cache(model):
     return DynamicCache(config=model.config)
 
 
-def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_setting(tmp_path):
+@pytest.mark.slow
+def test_the_app_drafts_with_int4_weights_and_records_them_in_the_drafter_setting(tmp_path, tiny_target):
     from conftest import SMOKE, app
 
     from mars_bench.bench.records import read_rows
 
-    settings = ["drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct", "drafter.weights=int4"]
+    settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}", "drafter.weights=int4"]
     done = app(*SMOKE, *settings, f"hydra.run.dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     method = [row for row in read_rows(tmp_path / "records.jsonl") if row["method"] != "baseline"]

@@ -22,9 +22,11 @@ others are held to refusing trees.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import pytest
 import torch
+from conftest import examples_on_every_core, on_every_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -227,9 +229,25 @@ class Tally:
     reached: dict[int, int]
     kept: dict[int, int]
 
+    def __add__(self, other: Tally) -> Tally:
+        return Tally({row: self.counts[row] + other.counts[row] for row in self.counts},
+                     {row: self.reached[row] + other.reached[row] for row in self.reached},
+                     {row: self.kept[row] + other.kept[row] for row in self.kept})  # fmt: skip
 
-def run_verify(verifier, case_data: Case, rows: list[int], draws: int, generator: torch.Generator) -> Tally:
-    """``verify`` run ``draws`` times, the drafts of a sampled chain drawn afresh from q each time."""
+
+PARTS = 2  # a check's draws are split between the machine's two cores (conftest.on_every_core)
+
+
+def run_verify(verifier, case_data: Case, rows: list[int], draws: int, seed: int) -> Tally:
+    """``verify`` run ``draws`` times, the drafts of a sampled chain drawn afresh from q each time: a
+    share of the runs on each core, from a generator seeded ``seed`` + the share's index."""
+    shares = on_every_core(partial(verify_runs, verifier, case_data, rows, draws // PARTS, seed), PARTS)
+    return sum(shares[1:], shares[0])
+
+
+def verify_runs(verifier, case_data: Case, rows: list[int], draws: int, seed: int, share: int) -> Tally:
+    """One core's share of ``run_verify``."""
+    generator = torch.Generator().manual_seed(seed + share)
     vocab = case_data.step.target_logits.shape[-1]
     if case_data.resample is not None:
         drafts = torch.multinomial(case_data.resample, draws, replacement=True, generator=generator).t()
@@ -283,12 +301,12 @@ def empirical_params() -> list:
 
 
 @pytest.mark.parametrize(("name", "options", "case"), empirical_params())
+@pytest.mark.slow
 def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, case):
     verifier = build(name, options)
     case_data = CASES[case]()
     emission = verifier.emission(case_data.step)
-    generator = torch.Generator().manual_seed(sum(map(ord, label(name, options) + case)))
-    tally = run_verify(verifier, case_data, emission.rows.tolist(), DRAWS, generator)
+    tally = run_verify(verifier, case_data, emission.rows.tolist(), DRAWS, sum(map(ord, label(name, options) + case)))
     assert mismatches(emission, tally, DRAWS) == []
     if case_data.resample is not None:  # P_V marginalises over the drafts: other drafts give the same
         other = replace(case_data.step, draft_tokens=case_data.resample.argmin(-1))
@@ -296,11 +314,12 @@ def test_verify_emits_tokens_distributed_as_the_emission_says(name, options, cas
         assert torch.allclose(again.dist, emission.dist, atol=1e-6) and torch.allclose(again.accept, emission.accept, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_empirical_check_tells_one_rule_from_another():
     """Negative control: ``rejection``'s verdicts against ``mars(theta=0.5)``'s emission, 2,000 runs."""
     case_data = deterministic_chain()
     emission = get_verifier("mars", theta=0.5).emission(case_data.step)
-    tally = run_verify(get_verifier("rejection"), case_data, emission.rows.tolist(), 2_000, torch.Generator().manual_seed(7))
+    tally = run_verify(get_verifier("rejection"), case_data, emission.rows.tolist(), 2_000, 7)
     assert len(mismatches(emission, tally, 2_000)) >= 2  # both the tokens and the keep rate at row 0
 
 
@@ -340,13 +359,14 @@ def nearest_settings(case: str) -> tuple[tuple[str, dict], tuple[str, dict], flo
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
 def test_the_check_at_its_draw_count_tells_the_nearest_settings_apart(case):
     """Negative control at the empirical test's draw count: on each case, the verdicts of the setting
     whose emission is nearest another's fail the check against that other emission."""
     (name, options), (other, other_options), _ = nearest_settings(case)
     case_data = CASES[case]()
     claimed = build(other, other_options).emission(case_data.step)
-    tally = run_verify(build(name, options), case_data, claimed.rows.tolist(), DRAWS, torch.Generator().manual_seed(11))
+    tally = run_verify(build(name, options), case_data, claimed.rows.tolist(), DRAWS, 11)
     assert mismatches(claimed, tally, DRAWS), f"{label(name, options)} passed as {label(other, other_options)} in {DRAWS} draws"
 
 
@@ -483,15 +503,15 @@ def check_is_a_distribution(step: VerifyInput, emission: Emission) -> None:
     assert ((emission.accept >= 0) & (emission.accept <= 1 + 1e-6)).all(), emission.accept  # float32 sums
 
 
-PROPERTY_EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # on both cores
 DEFAULTS = [(name, {}) for name in available_verifiers()]
 
 
 @pytest.mark.parametrize(("name", "options"), configs([*LOSSLESS, ("mars_ref", {"theta": None}), *DEFAULTS]))
+@pytest.mark.slow
 def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound(name, options):
     verifier = build(name, options)
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps(chains_only=refuses_trees(verifier)))
     def check(step):
         emission = verifier.emission(step)
@@ -513,30 +533,30 @@ def test_every_emission_is_a_distribution_and_no_rule_beats_the_acceptance_bound
                     again.accept, emission.accept, atol=1e-6
                 )
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 @pytest.mark.parametrize(
     ("name", "options"), [pytest.param(name, options, id=label(name, options)) for name, options in LOSSLESS]
 )
+@pytest.mark.slow
 def test_the_lossless_rules_emit_p_itself(name, options):
     verifier = build(name, options)
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps())
     def check(step):
         measured = cost(verifier, step, verifier.emission(step))
         assert (measured.tv < 1e-6).all(), measured.tv
         assert (measured.kl < 1e-6).all(), measured.kl
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 @pytest.mark.parametrize("eps", [0.1, 0.3])
+@pytest.mark.slow
 def test_tv_budget_spends_exactly_its_budget(eps):
     verifier = build("tv_budget", {"eps": eps})
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps(chains_only=True))
     def check(step):
         measured = cost(verifier, step, verifier.emission(step))
@@ -545,7 +565,7 @@ def test_tv_budget_spends_exactly_its_budget(eps):
         expected_tv = measured.draft_tv.clamp(max=eps)
         assert torch.allclose(measured.tv, expected_tv, atol=1e-6), (measured.tv, expected_tv)
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 def kl_divergence(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -556,12 +576,12 @@ def kl_divergence(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("budget", [0.05, 0.2])
+@pytest.mark.slow
 def test_mentored_stays_within_its_kl_budget(budget):
     """KL(P_V || p) <= D, and P_V = q where q itself is within the budget (for drafts the target
     nearly rules out see the test that follows)."""
     verifier = build("mentored", {"kl_budget": budget})
 
-    @PROPERTY_EXAMPLES
     @given(step=random_steps(chains_only=True))
     def check(step):
         emission = verifier.emission(step)
@@ -572,7 +592,7 @@ def test_mentored_stays_within_its_kl_budget(budget):
         within = kl_divergence(q, p) <= budget - 1e-6
         assert torch.allclose(emission.dist.double()[within], q[within], atol=1e-5), (emission.dist, q)
 
-    check()
+    examples_on_every_core(check, PROPERTY_EXAMPLES)
 
 
 @pytest.mark.parametrize("budget", [0.05, 0.2])

@@ -30,7 +30,9 @@ def target(request):
     return tiny_model(request.param, seed=0)
 
 
-def drafters(target):
+@pytest.fixture(scope="module")
+def every_drafter(target):
+    """One of each drafter kind for ``target``, reused across prompts and draft lengths as the app reuses its drafter."""
     other = tiny_model("llama", seed=7, layers=2)
     return {
         "other-model": build_drafter("model", model=other, vocab_size=target.config.vocab_size),
@@ -40,12 +42,28 @@ def drafters(target):
     }
 
 
+# 24 tokens: for each target and draft length, each drafter keeps drafts and rejects drafts where it does in 40 (layer-skip
+# and lookup both; the unrelated random model rejects all but at most one; the target drafting for itself keeps every one).
+EVERY_DRAFTER_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def baselines(target):
+    """The autoregressive decode of each of PROMPTS (``EVERY_DRAFTER_TOKENS`` new tokens), once for every draft length."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the speculative decodes run (one_torch_thread): the same kernels, the same sums
+    try:
+        return [decode(target, None, None, prompt, max_new_tokens=EVERY_DRAFTER_TOKENS) for prompt in PROMPTS]
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("gamma", [1, 3, 6])
-def test_exact_reproduces_the_baseline_with_every_drafter(target, gamma):
-    for prompt in PROMPTS:
-        baseline = decode(target, None, None, prompt, max_new_tokens=40)
-        for label, drafter in drafters(target).items():
-            result = decode(target, drafter, "exact", prompt, max_new_tokens=40, gamma=gamma)
+@pytest.mark.slow
+def test_exact_reproduces_the_baseline_with_every_drafter(target, every_drafter, baselines, gamma):
+    for prompt, baseline in zip(PROMPTS, baselines):
+        for label, drafter in every_drafter.items():
+            result = decode(target, drafter, "exact", prompt, max_new_tokens=EVERY_DRAFTER_TOKENS, gamma=gamma)
             assert result.tokens == baseline.tokens, f"{label} gamma={gamma} prompt={prompt}"
 
 
@@ -95,6 +113,7 @@ def test_same_seed_gives_the_same_sample(target):
     assert other != runs[0]
 
 
+@pytest.mark.slow
 def test_mars_with_relaxation_off_decodes_like_the_strict_rules(target):
     drafter = build_drafter("model", model=tiny_model("llama", seed=7, layers=2), vocab_size=96)
     for temperature, strict in ((0.0, "exact"), (1.0, "rejection")):
@@ -122,6 +141,7 @@ def test_mars_relaxes_on_a_real_margin_and_counts_it(target):
     assert relaxed.accepted / relaxed.drafted > strict.accepted / strict.drafted
 
 
+@pytest.mark.slow
 def test_shadow_verifiers_judge_the_same_drafts_without_changing_the_output(target):
     drafter = build_drafter("model", model=perturbed_copy(target, scale=0.1))
     relaxed = get_verifier("mars", theta=0.5, guard="gap")

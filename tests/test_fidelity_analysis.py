@@ -134,6 +134,7 @@ def test_records_without_fidelity_skip_every_fidelity_artefact_with_the_reason(t
     assert not {"frontier.png", "fidelity.md", "decomposition.md"} & {p.name for p in out.iterdir()}
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_fidelity_table_the_frontier_and_the_decomposition(tmp_path):
     live_rejection_run(tmp_path / "runs")
     out = tmp_path / "out"

@@ -11,13 +11,12 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import SMOKE, python_m, run_config, tiny_model
-from test_reliability import TIMES
+from conftest import SMOKE, TINY, python_m, run_config, run_main, tiny_model, without_times
 
 from mars_bench import build_drafter, decode
 from mars_bench.bench.claims import Claim
@@ -37,21 +36,14 @@ from mars_bench.bench.summary import SUMMARY_FILE
 from mars_bench.tasks import providers
 
 # The README's smoke command with a small budget; no scorer (the sandbox adds nothing here). Two questions
-# x (baseline, mars) = 4 rows; the second question decodes its method row first. 2 threads in every run, so
-# that the interrupted process and the in-process runs add their sums up alike.
-COMMAND = [*SMOKE, "max_new_tokens=32", "task.scorer=null", "threads=2"]
+# x (baseline, mars) = 4 rows; the second question decodes its method row first. 1 thread in every run (the
+# interrupted one is forked: conftest.OwnedProcesses.start_fork), so that the interrupted process and the
+# in-process runs add their sums up alike.
+COMMAND = [*SMOKE, "task.scorer=null", "threads=1"]
 LABEL = "smollm2-135m_humaneval_mars"  # <model>_<task>_<verifier>: the run folder's name after its time
-
-# ``python -m mars_bench ARGV...`` in a clone at REPO with no ../shared beside it: argv is REPO ARGV...
-BARE_CLONE_APP = """
-import runpy, sys
-from pathlib import Path
-from mars_bench.tasks import providers
-
-providers.REPO_ROOT = Path(sys.argv[1])
-sys.argv = ["mars_bench", *sys.argv[2:]]
-runpy.run_module("mars_bench", run_name="__main__", alter_sys=True)
-"""
+# The runs that decode: resuming, its rows and the token bar are the harness's, whatever the model
+# (the tiny target: conftest.tiny_target).
+RUN = [*COMMAND, *TINY]
 
 
 @pytest.fixture
@@ -81,45 +73,59 @@ def rows_by_key(folder: Path) -> dict[tuple, dict]:
     return keyed
 
 
-def without_times(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key not in TIMES}
-
-
 def mars_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("mars_bench:")]
 
 
-def ctrl_c_after_first_row(work: Path) -> subprocess.CompletedProcess:
-    """Start the command in a new process of a clone with no ../shared, and press Ctrl-C (SIGINT to its
-    process group, as a terminal sends it) once its first row is on disk."""
-    env = {key: value for key, value in os.environ.items() if key != providers.DATA_ENV} | {"HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-c", BARE_CLONE_APP, str(work.parent), *COMMAND]
-    process = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+def held_after_its_first_row(*overrides: str) -> int:
+    """``python -m mars_bench OVERRIDES...`` for a forked child that, once its first row is on disk, waits
+    in its next decode (up to 300 s) for the Ctrl-C that stops it: the tiny target decodes a whole cell
+    faster than a loaded machine wakes the test up to press it."""
+    from mars_bench.bench.cell import Cell
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what a new interpreter has, whatever pytest set
+    decode = Cell.decode
+
+    def decode_once_interrupted(self, *args, **kwargs):
+        deadline = time.monotonic() + 300
+        while self.writer.rows and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return decode(self, *args, **kwargs)
+
+    Cell.decode = decode_once_interrupted
+    return run_main("mars_bench", *overrides)
+
+
+def ctrl_c_after_first_row(work: Path, processes) -> subprocess.CompletedProcess:
+    """Run ``RUN`` as a process of its own (forked: the clone's patches come with it), and press Ctrl-C
+    (SIGINT to its process group, as a terminal sends it) once its first row is on disk."""
+    child = processes.start_fork(partial(held_after_its_first_row, *RUN), cwd=work)
     deadline = time.monotonic() + 300
-    while not any(read_rows(path) for path in work.glob("runs/*/*/records.jsonl")):
-        assert process.poll() is None, process.communicate()[1]
+    while not any(next(read_rows(path), None) for path in work.glob("runs/*/*/records.jsonl")):  # a complete row
+        ended, _ = os.waitpid(child.pid, os.WNOHANG)
+        assert not ended, child.output()[1]
         assert time.monotonic() < deadline, "no row within 300 s"
         time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    os.killpg(child.pid, signal.SIGINT)
+    return child.wait(timeout=120)
 
 
 @pytest.mark.slow
-def test_ctrl_c_then_the_same_command_resumes_and_rows_match_an_uninterrupted_run(clone, tmp_path, monkeypatch):
-    interrupted = ctrl_c_after_first_row(clone)
+def test_ctrl_c_then_the_same_command_resumes_and_rows_match_an_uninterrupted_run(
+    clone, tmp_path, monkeypatch, processes, tiny_target
+):
+    interrupted = ctrl_c_after_first_row(clone, processes)
     (folder,) = run_folders(clone)
     kept = len(rows_by_key(folder))
     assert interrupted.returncode == 130 and "Traceback" not in interrupted.stderr, interrupted.stderr
     assert 1 <= kept < 4  # stopped mid-cell
     assert mars_lines(interrupted.stderr) == [
         f"mars_bench: interrupted: {kept} row{'s' if kept > 1 else ''} kept in {folder}; "
-        f"resume with: python -m mars_bench {shlex.join(COMMAND)}"
+        f"resume with: python -m mars_bench {shlex.join(RUN)}"
     ]
     assert not (folder / CELL_CLAIM).exists() and not (folder / SUMMARY_FILE).exists()
 
-    resumed = app(*COMMAND, cwd=clone)  # the very same command
+    resumed = app(*RUN, cwd=clone)  # the very same command
     assert resumed.returncode == 0, resumed.stderr
     assert mars_lines(resumed.stderr) == [
         f"mars_bench: resuming {folder}: {kept} row{'s' if kept > 1 else ''} kept (output_dir=NEW_FOLDER starts afresh)"
@@ -127,7 +133,7 @@ def test_ctrl_c_then_the_same_command_resumes_and_rows_match_an_uninterrupted_ru
     assert run_folders(clone) == [folder]  # no second folder
     reference_work = tmp_path / "reference"
     reference_work.mkdir()
-    reference = app(*COMMAND, cwd=reference_work)  # the same command, never interrupted
+    reference = app(*RUN, cwd=reference_work)  # the same command, never interrupted
     assert reference.returncode == 0, reference.stderr
     (reference_folder,) = run_folders(reference_work)
     rows, uninterrupted = rows_by_key(folder), rows_by_key(reference_folder)
@@ -148,7 +154,7 @@ def test_ctrl_c_then_the_same_command_resumes_and_rows_match_an_uninterrupted_ru
     tick, add = TokenProgress.tick, TokenProgress.add
     monkeypatch.setattr(TokenProgress, "tick", lambda self, n: (tick(self, n), shown.append(("tick", self.bar.n))))
     monkeypatch.setattr(TokenProgress, "add", lambda self, row: (add(self, row), shown.append(("row", self.bar.n))))
-    again = app(*COMMAND, "progress=true", cwd=clone)
+    again = app(*RUN, "progress=true", cwd=clone)
     assert again.returncode == 0, again.stderr
     folders = run_folders(clone)
     assert len(folders) == 2 and folder in folders and not mars_lines(again.stderr)

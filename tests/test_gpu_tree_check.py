@@ -6,9 +6,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tree_check.py"
 
 
+@pytest.mark.slow
 def test_the_tiny_check_reports_every_measurement(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_tree_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)

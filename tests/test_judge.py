@@ -4,7 +4,7 @@ and reference, the [[rating]] parsed, and a whole two-turn run scored end to end
 from __future__ import annotations
 
 import pytest
-from conftest import SHARED_DATA, app
+from conftest import SHARED_DATA, TINY, app
 
 from mars_bench.bench.records import read_rows
 from mars_bench.tasks.judge import judge_messages, load_judge_prompts, parse_rating
@@ -38,18 +38,19 @@ def test_the_judge_prompts_come_from_the_pinned_package_too(tmp_path):
     assert set(load_judge_prompts(str(tmp_path))) >= {"single-v1", "single-v1-multi-turn", "single-math-v1"}
 
 
-def test_a_two_turn_mt_bench_run_is_judged(tmp_path):
+@pytest.mark.slow
+def test_a_two_turn_mt_bench_run_is_judged(tmp_path, tiny_target):
+    """The tiny target (conftest.tiny_target) answers and judges: the judge's path, prompt to rating, is any model's."""
     out = tmp_path / "run"
     result = app(
-        "experiment=smoke", "task=mt_bench", "task.num_prompts=1", "max_new_tokens=6", "warmup=0", "progress=false",
-        "task.scorer=judge", "task.judge_model=HuggingFaceTB/SmolLM2-135M-Instruct", "task.judge_max_new_tokens=12",
-        f"output_dir={out}",
+        "experiment=smoke", "task=mt_bench", "task.num_prompts=1", "max_new_tokens=6", "warmup=0", "progress=false", *TINY,
+        "task.scorer=judge", f"task.judge_model={tiny_target}", "task.judge_max_new_tokens=12", f"output_dir={out}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = list(read_rows(out / "records.jsonl"))
     assert sorted((r["turn"], r["method"]) for r in rows) == [(1, "baseline"), (1, "mars"), (2, "baseline"), (2, "mars")]
     assert all(r["status"] == "ok" for r in rows)
-    assert all(r["score"] is None or 1 <= r["score"] <= 10 for r in rows)  # a 135M judge may give no rating
+    assert all(r["score"] is None or 1 <= r["score"] <= 10 for r in rows)  # a small judge may give no rating
 
 
 def test_judge_needs_a_judge_model():

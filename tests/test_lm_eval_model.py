@@ -17,7 +17,11 @@ from mars_bench.verification.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
-GREEDY = {"max_gen_toks": 24, "until": []}
+# 12 tokens: 8 steps of SmolLM2's layer-skip drafts, in which each draft length drafts its own lengths (the schedule
+# shrinks on rejections and grows on a full acceptance, the confidence cut stops drafts early) and drafts are kept and rejected.
+GREEDY = {"max_gen_toks": 12, "until": []}
+STORY_TOKENS = 24  # the story the stop-string test cuts: enough text for a stop string first seen halfway
+SAMPLED_TOKENS = 8  # the sea poem's greedy and sampled answers differ from the first token on
 
 
 @pytest.mark.parametrize(("setting", "message"), [
@@ -35,8 +39,22 @@ def test_a_tree_drafts_no_deeper_than_its_node_budget_under_a_schedule():
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="exact", gamma=8, length="schedule", tree_tokens=8)
 
 
+@pytest.fixture(scope="module")
+def session_smollm(smollm):
+    """Every MarsBenchLM here gets the session's SmolLM2 in fp32 (``conftest.smollm``) from its loader, one
+    load for the module (the docs' lm-eval command, in test_readme, loads it through the loader itself)."""
+
+    def load(name: str, dtype: str = "bfloat16"):
+        assert (name, dtype) == (SMOLLM, "float32"), (name, dtype)
+        return smollm
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval_model, "load_model", load)
+        yield
+
+
 @pytest.mark.slow
-def test_each_draft_length_keeps_the_targets_greedy_decode():
+def test_each_draft_length_keeps_the_targets_greedy_decode(session_smollm):
     plain = MarsBenchLM(target=SMOLLM, drafter="none", verifier="exact", dtype="float32")
     context = plain.apply_chat_template([{"role": "user", "content": "Count from one to twenty in words."}])
     expected = plain.generate(context, GREEDY)
@@ -61,7 +79,7 @@ def test_a_tasks_sampling_settings_win_over_the_model_args(gen_kwargs, default, 
 
 
 @pytest.fixture(scope="module")
-def layerskip_lm():
+def layerskip_lm(session_smollm):
     return MarsBenchLM(target=SMOLLM, drafter="layerskip", verifier="exact", dtype="float32", layers=24)
 
 
@@ -84,7 +102,7 @@ def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(l
     lm = layerskip_lm
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
     prompt = lm.target.tokenizer(context, add_special_tokens=False)["input_ids"]
-    full = decode(lm.target.model, lm.drafter, lm.verifier, prompt, max_new_tokens=96, stop_token_ids=lm.stops,
+    full = decode(lm.target.model, lm.drafter, lm.verifier, prompt, max_new_tokens=STORY_TOKENS, stop_token_ids=lm.stops,
                   **lm.spec.decode_kwargs())  # fmt: skip
     text = lm.target.tokenizer.decode(full.tokens, skip_special_tokens=True)
     middle = len(text) // 2
@@ -92,7 +110,7 @@ def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(l
     todays = text[: text.find(stop)]  # what the model answered before: the whole budget decoded, then cut
     assert len(todays) >= middle  # the stop string first appears halfway through
 
-    answer = lm.generate(context, {"until": [stop], "max_gen_toks": 96})
+    answer = lm.generate(context, {"until": [stop], "max_gen_toks": STORY_TOKENS})
     (kwargs, result), = decodes
     assert answer == todays
     assert result.stop_reason == "stop_string" and result.tokens == full.tokens[: len(result.tokens)]
@@ -106,8 +124,8 @@ def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(l
 def test_a_task_asking_for_sampling_is_sampled(layerskip_lm, decodes):
     lm = layerskip_lm
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
-    greedy = lm.generate(context, {"until": [], "max_gen_toks": 24})
-    sampled = lm.generate(context, {"until": [], "max_gen_toks": 24, "do_sample": True, "temperature": 1.0})
+    greedy = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS})
+    sampled = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS, "do_sample": True, "temperature": 1.0})
     assert [call["temperature"] for call, _ in decodes] == [0.0, 1.0]
     assert sampled != greedy
 

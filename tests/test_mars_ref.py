@@ -43,6 +43,7 @@ def test_triggered_position_accepts_either_top_two_token_deterministically():
     assert run(chain(rows, [1], [0.01]), draws=1)[0].decisions.reasons.tolist() == [Reason.RELAXED]
 
 
+@pytest.mark.slow
 def test_triggered_reject_samples_the_next_token_from_the_unmodified_p():
     rows = [[3.0, 2.9, 2.5, 1.0], [0.0, 0.0, 0.0, 0.0]]  # r = 0.967 > 0.9; the draft (3) is outside the top 2
     verdicts = run(chain(rows, [3], [0.9]))
@@ -53,6 +54,7 @@ def test_triggered_reject_samples_the_next_token_from_the_unmodified_p():
     assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_strict_branch_accepts_with_min_one_p_over_q():
     rows = [[2.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]  # r = 0.5: not triggered
     p = torch.softmax(torch.tensor(rows[0]), -1)
@@ -62,6 +64,7 @@ def test_strict_branch_accepts_with_min_one_p_over_q():
     assert binomtest(accepted, DRAWS, float(p[1] / q)).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_strict_reject_samples_from_the_one_coordinate_residual():
     rows = [[2.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
     p = torch.softmax(torch.tensor(rows[0]), -1)
@@ -210,6 +213,7 @@ def tied_steps(draw) -> VerifyInput:
 
 @settings(max_examples=300, deadline=None)
 @given(step=tied_steps(), shift=st.sampled_from([0.0, -10.0]))
+@pytest.mark.slow
 def test_the_top_two_set_is_torch_topk_of_each_processed_row(step, shift):
     # shift -10 makes every finite logit negative, so every row triggers and the verdicts show the set.
     step = replace(step, target_logits=step.target_logits + shift)

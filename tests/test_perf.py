@@ -127,6 +127,7 @@ def speed_settings(model) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_the_peers_models_are_loaded_exactly_as_a_transformers_user_loads_them():
     from transformers import AutoModelForCausalLM
 

@@ -6,8 +6,11 @@ breaks fails here; a command the README of a results folder (benchmarks/results/
 shows is one of those or is checked here too. A command runs through its real entry point in this
 process (``python -m X`` is ``runpy`` on X with the same argv; ``mars-bench-lm-eval`` is the console
 script's function), so that the small model loads once. What differs from the user's command is only
-what is appended: the model (SmolLM2-135M, drafting for itself where the command uses a separate draft
-model), the prompt count, the token budget and, for a sweep, the one task its run decodes.
+what is appended: the model (for the app's runs, the main command and the sweeps of several cells, whose
+claims are about the harness around decoding: the tiny random target with SmolLM2's tokenizer and chat
+template, drafting for itself, conftest.tiny_target; for the perf suite, whose greedy decodes must match
+transformers' on a real model: SmolLM2-135M, drafting for itself), the prompt count, the
+token budget (for the perf suite, also its draft length) and, for a sweep, the one task its run decodes.
 
 The runs a user makes one after the other run once, in fixtures, and every journey that reads them
 asserts on them: the main command, its analysis and its rescoring; the paper's threshold ablation (its
@@ -30,7 +33,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, needs_shared_data, python_m, sbatch_script, slurm_config
+from conftest import SHARED_DATA, TINY_TARGET, needs_shared_data, python_m, sbatch_script, slurm_config
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -58,7 +61,8 @@ RESULTS = sorted([*(REPO / "benchmarks" / "results").glob("*/README.md"), *(REPO
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The tests share a busy machine: no row is flagged as disturbed and left out of the speed tables (test_contention checks flags).
 SMALL = ["task.num_prompts=2", "max_new_tokens=8", "warmup=0", "progress=false", "disturbed_load=1000"]
-SMALL_MODEL = ["model=smollm2-135m", f"model.draft_model={SMOLLM}"]
+# The app's runs test what the harness makes of a run or a sweep, for any model: the tiny target, drafting for itself.
+TINY_MODEL = ["model=smollm2-135m", f"model.target={TINY_TARGET}", f"model.draft_model={TINY_TARGET}"]
 ONE_TASK = ["task.num_prompts=1", "task=humaneval"]  # a sweep run on one prompt of one task: every cell is composed too
 LARGE = re.compile(r"model=(llama|qwen3|vicuna)|drafter=eagle3|experiment=table1")
 
@@ -133,11 +137,6 @@ def run(command: str, cwd: Path, monkeypatch, extra: list[str] = (), replace: di
     return result.returncode
 
 
-def app_overrides(command: str) -> list[str]:
-    """The small model (unless the command's experiment picks it) and the small budget."""
-    return ([] if "experiment=smoke" in command else SMALL_MODEL) + SMALL
-
-
 def composed_cells(command: str, extra: list[str] = ()) -> list:
     """The config of every cell a ``python -m mars_bench`` command runs, composed as the app composes
     it (a sweep's cells as Hydra's basic sweeper makes them: the experiment's ``hydra.sweeper.params``,
@@ -180,9 +179,9 @@ def cells_below(sweep: Path) -> list[Path]:
 MAIN = "python -m mars_bench"  # the embedded default: the README shows it alone
 
 
-def test_run_then_analyse_then_rescore(tmp_path, monkeypatch):
+def test_run_then_analyse_then_rescore(tmp_path, monkeypatch, tiny_target):
     assert MAIN in shown_commands()
-    assert run(MAIN, tmp_path, monkeypatch, app_overrides(MAIN)) == 0
+    assert run(MAIN, tmp_path, monkeypatch, [*TINY_MODEL, *SMALL]) == 0
     records = next((tmp_path / "runs").rglob("records.jsonl"))
     assert len(list(read_rows(records))) == 4  # 2 prompts x (baseline, mars)
 
@@ -216,7 +215,7 @@ def test_the_smoke_command(smoke_run):
 )
 def test_each_single_run_command_differs_from_the_main_one_only_in_configuration(prefix, drafter, verifier, temperature):
     """The main command runs above; these name another verifier or drafter, composed and checked."""
-    for model in ([], SMALL_MODEL):  # as typed (the embedded pair), and with the small model the runs here use
+    for model in ([], TINY_MODEL):  # as typed (the embedded pair), and with the model the main command runs on here
         (cfg,) = composed_cells(shown(prefix), model)
         assert (cfg.drafter.name, cfg.verifier.name, cfg.temperature) == (drafter, verifier, temperature)
 
@@ -228,13 +227,13 @@ THETAS = (0.84, 0.88, 0.9, 0.94, 0.98)
 
 
 @pytest.fixture(scope="module")
-def ablation(tmp_path_factory) -> Path:
+def ablation(tmp_path_factory, tiny_target) -> Path:
     """The paper's threshold ablation as a user runs it: its strict reference, then its thetas, into one
     folder (``DIR``), on one HumanEval prompt; then its analysis. The working folder."""
     work = tmp_path_factory.mktemp("ablation")
     with pytest.MonkeyPatch.context() as monkeypatch:
         for command in (shown(ABLATION_STRICT), shown(ABLATION)):
-            assert run(command, work, monkeypatch, [*app_overrides(command), *ONE_TASK]) == 0
+            assert run(command, work, monkeypatch, [*TINY_MODEL, *SMALL, *ONE_TASK]) == 0
         assert run(shown(ABLATION_ANALYSIS), work, monkeypatch) == 0
     return work
 
@@ -301,11 +300,11 @@ ZOO = "python -m mars_bench -m experiment=zoo"
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory) -> Path:
+def zoo(tmp_path_factory, tiny_target) -> Path:
     """The verifier zoo on one HumanEval prompt (``ZOO``), then its analysis. The working folder."""
     work = tmp_path_factory.mktemp("zoo")
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert run(shown(ZOO), work, monkeypatch, [*app_overrides(shown(ZOO)), *ONE_TASK]) == 0
+        assert run(shown(ZOO), work, monkeypatch, [*TINY_MODEL, *SMALL, *ONE_TASK]) == 0
         assert run(shown("python -m analysis ZOO"), work, monkeypatch) == 0
     return work
 
@@ -385,13 +384,13 @@ def test_the_cluster_recipe_covers_the_papers_six_targets_and_sizes_each_ones_jo
 
 
 @needs_shared_data  # Alpaca and CNN/DM prompts come from ../shared/data (or the Hub)
-def test_the_cluster_recipe_then_its_table1(tmp_path, monkeypatch):
-    """The recipe's sweep for one target (SmolLM2 drafting for itself, in this process rather than on
+def test_the_cluster_recipe_then_its_table1(tmp_path, monkeypatch, tiny_target):
+    """The recipe's sweep for one target (smollm2-135m, the tiny target drafting for itself, in this process rather than on
     SLURM, one prompt per task, the MARS cell of each: the strict ones are composed above), then the
     recipe's analysis over the folder of every sweep."""
     sweep = shown(CLUSTER_SWEEP).replace("$model", "smollm2-135m").removesuffix("&")
     sweep = sweep.replace("hydra/launcher=slurm ", "").replace("drafter=eagle3", "drafter=model")
-    small = [f"model.draft_model={SMOLLM}", *SMALL, "task.num_prompts=1", "verifier=mars"]
+    small = [*TINY_MODEL[1:], *SMALL, "task.num_prompts=1", "verifier=mars"]
     assert run(sweep, tmp_path, monkeypatch, small) == 0
     assert len(list((tmp_path / "table1" / "smollm2-135m").glob("*/records.jsonl"))) == 5  # 5 tasks
     analyse = shown("python -m analysis table1")
@@ -414,14 +413,16 @@ def test_the_lm_eval_example_from_a_bare_clone(monkeypatch, capsys):
     assert re.search(r"mars_bench: 1 requests, \d+ new tokens in [\d.]+ s \([\d.]+ tok/s\), tau [\d.]+, acceptance ", err)
 
 
-PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "8",
-              "--data-dir", str(SHARED_DATA)]  # fmt: skip
+# A budget of 3 new tokens and drafts of 1 (the forward costs time the target at widths 1 to gamma + 1) keep every
+# method, comparison and report section, and greedy decodes that match generate's past the prefill's token.
+PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "3",
+              "--gamma", "1", "--data-dir", str(SHARED_DATA)]  # fmt: skip
 PERF_TWO_REPEATS = "python -m mars_bench.perf --repeats 2"
 
 
 @pytest.fixture(scope="module")
 def perf_run(tmp_path_factory) -> Path:
-    """The perf suite's two-repeat command on two GSM8K prompts: its output folder."""
+    """The perf suite's two-repeat command on two GSM8K prompts, 3 new tokens, drafts of 1 token: its output folder."""
     work = tmp_path_factory.mktemp("perf")
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert run(shown(PERF_TWO_REPEATS), work, monkeypatch, [*PERF_SMALL, "--tasks", "gsm8k"]) == 0

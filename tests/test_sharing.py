@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,9 +86,15 @@ def test_a_requeued_slurm_job_takes_its_own_claim_back(tmp_path, monkeypatch):
     assert not Claim(path).take()
 
 
-def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing.synchronize.Barrier) -> None:
-    """One of several processes: decode (pretend) each shared baseline unless another process has,
-    then write the rows of one cell folder that are not there yet."""
+def racer(rounds: list[tuple[str, str, str]], start: multiprocessing.synchronize.Barrier) -> None:
+    """One of several processes, round after round (each in folders of its own, all the processes starting it
+    at once): decode (pretend) each shared baseline unless another process has, then write the rows of one
+    cell folder that are not there yet."""
+    for cache_dir, records_dir, log_dir in rounds:
+        race(cache_dir, records_dir, log_dir, start)
+
+
+def race(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing.synchronize.Barrier) -> None:
     cache = BaselineCache(cache_dir, poll_s=0.005)
     start.wait()
     decoded = []
@@ -115,19 +122,28 @@ def racer(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing
         claim.release()
 
 
+@pytest.mark.slow
 def test_four_processes_racing_on_one_cache_and_one_records_folder_leave_nothing_torn_or_twice(tmp_path):
+    """20 races of 4 processes, each race in fresh folders; the same 4 processes run them one after the other
+    (a fork of this process costs more than a race)."""
     context = multiprocessing.get_context("fork")
-    for repeat in range(20):
-        cache, records, logs = (tmp_path / str(repeat) / name for name in ("cache", "records", "logs"))
-        for folder in (cache, records, logs):
-            folder.mkdir(parents=True)
-        start = context.Barrier(4)
-        processes = [context.Process(target=racer, args=(str(cache), str(records), str(logs), start)) for _ in range(4)]
+    rounds = [tuple(tmp_path / str(repeat) / name for name in ("cache", "records", "logs")) for repeat in range(20)]
+    for folder in (folder for round_ in rounds for folder in round_):
+        folder.mkdir(parents=True)
+    start = context.Barrier(4, timeout=60)  # a racer that fails breaks the barrier for the others
+    processes = [context.Process(target=racer, args=([tuple(map(str, round_)) for round_ in rounds], start)) for _ in range(4)]
+    try:
         for process in processes:
             process.start()
         for process in processes:
-            process.join(60)
-        assert [process.exitcode for process in processes] == [0] * 4
+            process.join(120)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+    assert [process.exitcode for process in processes] == [0] * 4
+    for cache, records, logs in rounds:
         decoded = [key for log in logs.iterdir() for key in json.loads(log.read_text())]
         assert sorted(decoded) == KEYS  # every baseline decoded by exactly one process
         entries = [json.loads(path.read_text()) for path in cache_entries(cache)]
@@ -153,17 +169,30 @@ def test_a_cache_written_by_older_versions_is_still_read(tmp_path):
     assert BaselineCache(tmp_path).get(KEYS[2]) == {"b": 3}
 
 
-def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path):
-    from conftest import SMOKE, app
+@pytest.mark.slow
+def test_a_run_waits_while_another_live_process_writes_its_folder_then_takes_it_over(tmp_path, tiny_target, monkeypatch):
+    """The other writer ends 0.3 s after the run starts waiting, which it does polling every 10 ms (the app's
+    2 s poll would only add its sleep)."""
+    from conftest import SMOKE, TINY, app
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     write_claim(tmp_path / CELL_CLAIM, pid=other.pid)
+    wait, writer_alive_when_waited = Claim.wait, []
+
+    def wait_while_the_other_writes_a_while_longer(claim, poll_s=2.0, done=None):
+        if claim.path == tmp_path / CELL_CLAIM and not writer_alive_when_waited:
+            writer_alive_when_waited.append(other.poll() is None)
+            threading.Timer(0.3, other.kill).start()
+        wait(claim, 0.01, done)
+
+    monkeypatch.setattr(Claim, "wait", wait_while_the_other_writes_a_while_longer)
     try:
-        done = app(*SMOKE, f"hydra.run.dir={tmp_path}")
+        done = app(*SMOKE, *TINY, f"hydra.run.dir={tmp_path}")
     finally:
         other.kill()
+        other.wait()
     assert done.returncode == 0, done.stderr
-    assert f"{tmp_path} is being written by" in done.stderr and "waiting" in done.stderr
+    assert f"{tmp_path} is being written by" in done.stderr and "waiting" in done.stderr and writer_alive_when_waited == [True]
     assert len(list(read_rows(tmp_path / "records.jsonl"))) == 4 and not (tmp_path / CELL_CLAIM).exists()
 
 

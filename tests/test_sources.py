@@ -178,6 +178,7 @@ with sources.cache_lock("acme/tiny"):
 """
 
 
+@pytest.mark.slow
 def test_the_conversion_lock_is_held_by_one_process_at_a_time(cache):
     import os
     import subprocess

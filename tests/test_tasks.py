@@ -93,6 +93,7 @@ def test_hub_rows_become_questions_in_the_mars_prompt_format(monkeypatch, task, 
 
 
 @pytest.mark.parametrize(("task", "count", "turns"), [("gsm8k", 1319, 1), ("mt_bench", 80, 2), ("humaneval", 164, 1)])
+@pytest.mark.slow
 def test_pinned_packages_serve_questions_checked_by_hash(task, count, turns):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="config", overrides=[f"task={task}", "task.sources=[package]", "task.num_prompts=null"])
@@ -100,6 +101,7 @@ def test_pinned_packages_serve_questions_checked_by_hash(task, count, turns):
     assert len(questions) == count and {len(q.turns) for q in questions} == {turns}
 
 
+@pytest.mark.slow
 def test_a_package_whose_data_does_not_match_its_hash_is_refused(monkeypatch):
     from dataclasses import replace
 
@@ -114,6 +116,7 @@ def test_a_package_whose_data_does_not_match_its_hash_is_refused(monkeypatch):
 
 @needs_shared_data
 @pytest.mark.parametrize(("task", "file"), [("gsm8k", "gsm8k/question_full.jsonl"), ("humaneval", None), ("mt_bench", None)])
+@pytest.mark.slow
 def test_a_package_serves_the_same_prompts_as_the_mars_file(task, file):
     overrides = [f"task={task}", "task.num_prompts=null"] + ([f"task.file={file}"] if file else [])
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):

@@ -206,6 +206,7 @@ def test_a_step_deeper_than_the_node_budget_keeps_the_budget_and_caps_the_depth(
 
 
 @pytest.mark.parametrize(("gamma", "top_k", "tree_tokens"), [(1, 2, 3), (3, 2, 6), (5, 3, 16)])
+@pytest.mark.slow
 def test_exact_over_trees_reproduces_the_baseline(target, gamma, top_k, tree_tokens):
     other = tiny_model("llama", seed=7, layers=2)
     drafter = build_drafter("model_tree", model=other, vocab_size=96, top_k=top_k, tree_tokens=tree_tokens)
@@ -228,6 +229,7 @@ def test_a_tree_drafted_by_the_target_itself_always_keeps_its_top_choice(target)
 
 
 @pytest.mark.parametrize("name", ["rejection", "mars", "mars_ref", "typical"])
+@pytest.mark.slow
 def test_sampling_over_trees_is_reproducible_by_seed(target, name):
     other = tiny_model("llama", seed=7, layers=2)
     drafter = build_drafter("model_tree", model=other, vocab_size=96, top_k=3, tree_tokens=10)

@@ -188,6 +188,7 @@ def tie_heavy_step(generator: torch.Generator, tree: bool) -> VerifyInput:
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.slow
 def test_mars_off_switch_equals_exact_in_greedy_under_ties(tree):
     generator = torch.Generator().manual_seed(0)
     off, exact = get_verifier("mars", theta=None), get_verifier("exact")
@@ -217,6 +218,7 @@ def test_mars_off_switch_equals_rejection_in_sampling(correction):
         assert mars.next_token == strict.next_token
 
 
+@pytest.mark.slow
 def test_mars_target_correction_samples_p_after_a_triggered_reject():
     rows = [[3.0, 2.9, 2.5, 1.0], [0.0, 0.0, 0.0, 0.0]]  # triggered; the draft (2) is outside the top 2
     dists = torch.tensor([[0.0, 0.0, 1.0, 0.0]])  # q(2) = 1 > p(2): the strict test may reject it

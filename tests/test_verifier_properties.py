@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import examples_on_every_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,18 +70,22 @@ def well_formed(step: VerifyInput, verifier, verdict) -> None:
         assert decisions.triggered is None
 
 
+@pytest.mark.slow  # FUZZ_CASES inputs per verifier, half on each core
 @pytest.mark.parametrize("name", available_verifiers())
-@settings(max_examples=FUZZ_CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(step=steps(), seed=st.integers(0, 2**31 - 1))
-def test_a_verdict_or_a_clear_error_never_a_crash(name, step, seed):
+def test_a_verdict_or_a_clear_error_never_a_crash(name):
     verifier = get_verifier(name)
-    try:
-        verdict = verifier.verify(step, generator=torch.Generator().manual_seed(seed))
-    except ValueError as error:
-        message = str(error)
-        assert message.startswith("invalid verifier input: ") and "\n" not in message
-        return
-    well_formed(step, verifier, verdict)
+
+    @given(step=steps(), seed=st.integers(0, 2**31 - 1))
+    def check(step, seed):
+        try:
+            verdict = verifier.verify(step, generator=torch.Generator().manual_seed(seed))
+        except ValueError as error:
+            message = str(error)
+            assert message.startswith("invalid verifier input: ") and "\n" not in message
+            return
+        well_formed(step, verifier, verdict)
+
+    examples_on_every_core(check, settings(max_examples=FUZZ_CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow]))
 
 
 def test_bad_inputs_are_named():

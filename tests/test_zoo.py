@@ -120,6 +120,7 @@ def test_cascade_emits_the_drafter_where_its_deferral_rule_keeps_it_and_the_targ
         assert kept > 0, rule  # the rule did keep the drafter somewhere
 
 
+@pytest.mark.slow
 def test_mentored_stays_within_its_kl_budget_and_beats_every_other_rule_that_does():
     others = [("tv_budget", {"eps": eps}) for eps in (0.02, 0.05, 0.1)] + [("lenient", {"lenience": 0.8}),
               ("top_m", {"m": 2}), ("mars", {"theta": 0.7}), ("cascade", {"rule": "opt", "alpha": 0.3})]  # fmt: skip
@@ -231,6 +232,7 @@ def pair():
 SHADOWS = ["mars(theta=0.5)", "tv_budget(eps=0.1)", "mentored(kl_budget=0.05)"]
 
 
+@pytest.mark.slow
 def test_fidelity_changes_nothing_the_run_emits_and_a_lossless_live_rule_costs_nothing(pair):
     target, drafter = pair
     shadows = [get_verifier(*parse_label(spec)[:1], **parse_label(spec)[1]) for spec in SHADOWS]

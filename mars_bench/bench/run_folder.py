@@ -32,7 +32,6 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import RECORDS_FILE, read_rows
-from mars_bench.bench.summary import SUMMARY_FILE
 from mars_bench.files import atomic_replace
 
 CONFIG_FILE = "config.yaml"  # the cell's resolved config, written as it starts: a folder's configuration
@@ -82,6 +81,8 @@ def last_row(path: Path) -> dict[str, Any] | None:
 
 def finished(folder: Path) -> bool:
     """Whether the run in ``folder`` reached its end: its summary is written, or the whole cell failed."""
+    from mars_bench.bench.summary import SUMMARY_FILE  # here, not above: the app's refusals need no pandas or scipy
+
     if (folder / SUMMARY_FILE).exists():
         return True
     row = last_row(folder / RECORDS_FILE)

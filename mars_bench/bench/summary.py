@@ -16,6 +16,7 @@ import pandas as pd
 
 from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
+from mars_bench.token_counts import emitted_tokens
 
 PROMPT = ["question_id", "turn"]
 SUMMARY_FILE = "summary.csv"  # a cell's folder holds it once the cell has run to its end
@@ -27,7 +28,7 @@ def finished(frame: pd.DataFrame) -> pd.DataFrame:
     for rows written before contention was measured)."""
     ok = frame[frame["status"] == "ok"].copy() if "status" in frame else frame.copy()
     ok["seconds"] = ok["prefill_s"] + ok["decode_s"]
-    ok["emitted"] = ok["new_tokens"] - 1
+    ok["emitted"] = emitted_tokens(ok["new_tokens"])
     ok["disturbed"] = ok["disturbed"].fillna(False).astype(bool) if "disturbed" in ok else False
     return ok
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mars_bench.decoding.trace import DecodeResult
+from mars_bench.token_counts import emitted_tokens
 
 
 @dataclass
@@ -27,7 +28,7 @@ class DecodeTally:
         self.new_tokens += new_tokens
         self.seconds += seconds
         self.steps += steps
-        self.emitted += max(new_tokens - 1, 0)
+        self.emitted += emitted_tokens(new_tokens)
         self.drafted += drafted
         self.accepted += accepted
 

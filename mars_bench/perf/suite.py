@@ -33,6 +33,7 @@ from mars_bench.perf.report import config_label
 from mars_bench.strict_rule import strict_verifier
 from mars_bench.tasks.options import task_option
 from mars_bench.tasks.providers import load_questions
+from mars_bench.token_counts import emitted_tokens
 from mars_bench.verification.sampling import SamplingParams
 
 OURS, PEER = "ours", "transformers"
@@ -192,7 +193,7 @@ class Suite:
             seed=seed, **spec.decode_kwargs(),
         ))  # fmt: skip
         return {"tokens": result.tokens, **timing, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
-                "steps": result.verify_steps, "emitted": result.new_tokens - 1, "drafted": result.drafted,
+                "steps": result.verify_steps, "emitted": emitted_tokens(result.new_tokens), "drafted": result.drafted,
                 "step_drafts": [step.drafted for step in result.steps],
                 **{f"{phase}_s": value for phase, value in result.phase_seconds().items()}}  # fmt: skip
 
