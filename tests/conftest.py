@@ -270,9 +270,10 @@ def _forked_child(main: Callable[[], int], cwd: Path | str, out: int, err: int) 
 
 
 Part = TypeVar("Part")
+SHARES = 2  # a statistical test's draws come in this many shares, each from a seed of its own: one per core of the 2-core machine
 
 
-def on_every_core(part: Callable[[int], Part], parts: int = 2) -> list[Part]:
+def on_every_core(part: Callable[[int], Part], parts: int = SHARES) -> list[Part]:
     """``[part(0), ..., part(parts - 1)]``, all at once: part 0 in this process, each other in a child forked
     from it (the 2-core machine draws a statistical test's samples on both cores). A child runs torch on one
     thread (see ``OwnedProcesses.start_fork``) and sends its part back pickled; an error in it is raised
@@ -308,7 +309,7 @@ def on_every_core(part: Callable[[int], Part], parts: int = 2) -> list[Part]:
             os.waitpid(pid, 0)
 
 
-def examples_on_every_core(test: Callable[[], None], examples: object, parts: int = 2) -> None:
+def examples_on_every_core(test: Callable[[], None], examples: object, parts: int = SHARES) -> None:
     """Hypothesis's ``test`` (``@given``, no ``@settings`` of its own) on ``examples.max_examples`` examples
     under ``examples`` (a ``hypothesis.settings``), a share on each core (``on_every_core``), each share from a
     seed of its own, drawn afresh for every run as hypothesis draws its own."""

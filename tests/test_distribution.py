@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import on_every_core
+from conftest import SHARES, on_every_core
 from scipy.stats import chisquare
 
 from mars_bench.verification import VerifyInput, get_verifier
@@ -17,7 +17,6 @@ from mars_bench.verification.sampling import SamplingParams
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # every test draws 6,000 sequences, of tiny tensors
 
 VOCAB, LENGTH, GAMMA, DRAWS = 3, 3, 2, 6000
-PARTS = 2  # DRAWS split between the machine's two cores (conftest.on_every_core), each part with a seed of its own
 MIN_EXPECTED = 5.0
 SAMPLE = SamplingParams(temperature=1.0)
 
@@ -113,17 +112,17 @@ def chi_square_pvalue(
     verifier = get_verifier(name, **params)
 
     def draw(part: int) -> Counter:
-        """The sequences of one core's share of the draws, from a generator of its own."""
+        """The sequences of one of the draws' SHARES (conftest.on_every_core), from a generator of its own."""
         generator = torch.Generator().manual_seed(1234 + part)
         drawn: Counter = Counter()
-        for _ in range(DRAWS // PARTS):
+        for _ in range(DRAWS // SHARES):
             if tree:
                 drawn[speculative_tree_sequence(verifier, generator, target)] += 1
             else:
                 drawn[speculative_sequence(verifier, generator, deterministic_drafts, target, drafter, reported)] += 1
         return drawn
 
-    counts = sum(on_every_core(draw, PARTS), Counter())
+    counts = sum(on_every_core(draw), Counter())
     joint = target_joint(target)
     total = sum(joint.values())
     expected = {sequence: mass / total * DRAWS for sequence, mass in joint.items()}

@@ -26,7 +26,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import examples_on_every_core, on_every_core
+from conftest import SHARES, examples_on_every_core, on_every_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -235,13 +235,10 @@ class Tally:
                      {row: self.kept[row] + other.kept[row] for row in self.kept})  # fmt: skip
 
 
-PARTS = 2  # a check's draws are split between the machine's two cores (conftest.on_every_core)
-
-
 def run_verify(verifier, case_data: Case, rows: list[int], draws: int, seed: int) -> Tally:
     """``verify`` run ``draws`` times, the drafts of a sampled chain drawn afresh from q each time: a
     share of the runs on each core, from a generator seeded ``seed`` + the share's index."""
-    shares = on_every_core(partial(verify_runs, verifier, case_data, rows, draws // PARTS, seed), PARTS)
+    shares = on_every_core(partial(verify_runs, verifier, case_data, rows, draws // SHARES, seed))
     return sum(shares[1:], shares[0])
 
 
