@@ -4,6 +4,7 @@ distributed exactly as the target's, by a chi-square test on a toy Markov target
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 from collections import Counter
 
 import pytest
@@ -31,36 +32,46 @@ TARGET, DRAFTER = markov(0, 1.5), markov(1, 1.0)
 REDUCED_DRAFTER = DRAFTER.clone().index_fill_(1, torch.tensor([2]), float("-inf"))
 
 
-def speculative_sequence(
-    verifier,
-    generator: torch.Generator,
-    deterministic_drafts: bool,
-    target: torch.Tensor,
-    drafter: torch.Tensor = DRAFTER,
-    reported: torch.Tensor | None = None,
-) -> tuple[int, ...]:
-    """Decode LENGTH tokens after token 0 with drafts from ``drafter`` verified against ``target``
-    (told the q of ``reported`` instead, where given: a broken drafter)."""
-    sequence = [0]
-    while len(sequence) - 1 < LENGTH:
-        drafts, dists, last = [], [], sequence[-1]
-        for _ in range(GAMMA):
-            q = torch.softmax(drafter[last], -1)
-            token = int(q.argmax()) if deterministic_drafts else int(torch.multinomial(q, 1, generator=generator))
-            drafts.append(token)
-            dists.append(q if reported is None else torch.softmax(reported[last], -1))
-            last = token
-        context = [sequence[-1], *drafts]
-        step = VerifyInput(
-            torch.tensor(drafts),
-            torch.arange(-1, GAMMA - 1),
-            target[torch.tensor(context)],
-            SAMPLE,
-            draft_dists=None if deterministic_drafts else torch.stack(dists),
-        )
-        verdict = verifier.verify(step, generator=generator)
-        sequence += drafts[: verdict.accepted_len] + [verdict.next_token]
-    return tuple(sequence[1 : LENGTH + 1])
+class ToyDecoder:
+    """Speculative decoding of the toy Markov chain: drafts from ``drafter`` verified against ``target``
+    (the verifier told the q of ``reported`` instead, where given: a broken drafter).
+
+    The drafter's distributions and each step's ``VerifyInput`` are built once per context (the previous
+    token and the drafts): there are VOCAB ** (GAMMA + 1) of them, and a draw then costs its verifies."""
+
+    def __init__(self, deterministic_drafts: bool, target: torch.Tensor, drafter: torch.Tensor, reported: torch.Tensor | None):
+        self.deterministic_drafts, self.target = deterministic_drafts, target
+        q = torch.softmax(drafter, -1)
+        self.told = q if reported is None else torch.softmax(reported, -1)  # q per previous token [VOCAB, VOCAB]
+        self.greedy = q.argmax(-1).tolist()
+        self.cdf = q.double().cumsum(-1).tolist()
+        self.steps: dict[tuple[int, ...], VerifyInput] = {}
+
+    def draft(self, last: int, generator: torch.Generator) -> list[int]:
+        """GAMMA drafts after ``last``: the drafter's argmax chain, or samples by inverse CDF (one uniform each)."""
+        drafts = []
+        uniforms = None if self.deterministic_drafts else torch.rand(GAMMA, generator=generator, dtype=torch.float64).tolist()
+        for index in range(GAMMA):
+            last = self.greedy[last] if uniforms is None else min(bisect_right(self.cdf[last], uniforms[index]), VOCAB - 1)
+            drafts.append(last)
+        return drafts
+
+    def step(self, context: tuple[int, ...]) -> VerifyInput:
+        """The verification of ``context`` (the last token, then the drafts)."""
+        if context not in self.steps:
+            drafts, rows = torch.tensor(context[1:]), torch.tensor(context)
+            dists = None if self.deterministic_drafts else self.told[rows[:-1]]
+            self.steps[context] = VerifyInput(drafts, torch.arange(-1, GAMMA - 1), self.target[rows], SAMPLE, draft_dists=dists)
+        return self.steps[context]
+
+    def sequence(self, verifier, generator: torch.Generator) -> tuple[int, ...]:
+        """Decode LENGTH tokens after token 0."""
+        sequence = [0]
+        while len(sequence) - 1 < LENGTH:
+            drafts = self.draft(sequence[-1], generator)
+            verdict = verifier.verify(self.step((sequence[-1], *drafts)), generator=generator)
+            sequence += drafts[: verdict.accepted_len] + [verdict.next_token]
+        return tuple(sequence[1 : LENGTH + 1])
 
 
 def tree_drafts(last: int) -> tuple[list[int], list[int]]:
@@ -76,13 +87,19 @@ def tree_drafts(last: int) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-def speculative_tree_sequence(verifier, generator: torch.Generator, target: torch.Tensor) -> tuple[int, ...]:
-    """Decode LENGTH tokens after token 0, verifying a deterministic tree of drafts per step."""
+def speculative_tree_sequence(
+    verifier, generator: torch.Generator, target: torch.Tensor, steps: dict[int, tuple[list[int], VerifyInput]]
+) -> tuple[int, ...]:
+    """Decode LENGTH tokens after token 0, verifying a deterministic tree of drafts per step (``steps``:
+    each last token's drafts and verification, built on first use)."""
     sequence = [0]
     while len(sequence) - 1 < LENGTH:
-        drafts, parents = tree_drafts(sequence[-1])
-        rows = torch.tensor([sequence[-1], *drafts])
-        step = VerifyInput(torch.tensor(drafts), torch.tensor(parents), target[rows], SAMPLE)
+        last = sequence[-1]
+        if last not in steps:
+            drafts, parents = tree_drafts(last)
+            rows = torch.tensor([last, *drafts])
+            steps[last] = drafts, VerifyInput(torch.tensor(drafts), torch.tensor(parents), target[rows], SAMPLE)
+        drafts, step = steps[last]
         verdict = verifier.verify(step, generator=generator)
         sequence += [drafts[node] for node in verdict.accepted.tolist()] + [verdict.next_token]
     return tuple(sequence[1 : LENGTH + 1])
@@ -115,11 +132,12 @@ def chi_square_pvalue(
         """The sequences of one of the draws' SHARES (conftest.on_every_core), from a generator of its own."""
         generator = torch.Generator().manual_seed(1234 + part)
         drawn: Counter = Counter()
+        toy, tree_steps = ToyDecoder(deterministic_drafts, target, drafter, reported), {}
         for _ in range(DRAWS // SHARES):
             if tree:
-                drawn[speculative_tree_sequence(verifier, generator, target)] += 1
+                drawn[speculative_tree_sequence(verifier, generator, target, tree_steps)] += 1
             else:
-                drawn[speculative_sequence(verifier, generator, deterministic_drafts, target, drafter, reported)] += 1
+                drawn[toy.sequence(verifier, generator)] += 1
         return drawn
 
     counts = sum(on_every_core(draw), Counter())

@@ -17,6 +17,7 @@ from mars_bench.drafting import build_drafter
 from mars_bench.settings import parse_label, plugin_label
 from mars_bench.verification import VerifyInput, get_verifier
 from mars_bench.verification.emission import fidelity, proposal_rows
+from mars_bench.verification.mentored import ClippedTarget
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
@@ -118,6 +119,31 @@ def test_cascade_emits_the_drafter_where_its_deferral_rule_keeps_it_and_the_targ
             assert torch.allclose(dist, torch.where(keep[:, None], q, p), atol=1e-6)
             kept += int(keep.sum())
         assert kept > 0, rule  # the rule did keep the drafter somewhere
+
+
+def test_mentoreds_lower_constant_makes_its_target_sum_to_one_exactly():
+    """lo is solved on the mass's linear segment: for random p, q (zeros on either side included) and
+    hi >= 1, pi sums to 1 to rounding, and lo agrees with a 60-step bisection of the mass."""
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(40):
+        vocab = 2 + trial % 9
+        p = torch.softmax(torch.randn(3, vocab, generator=generator, dtype=torch.float64) * 3, -1)
+        q = torch.softmax(torch.randn(3, vocab, generator=generator, dtype=torch.float64) * 3, -1)
+        if trial % 3 == 0:  # tokens the target rules out (q / p = inf) and tokens neither proposes
+            p[:, : vocab // 3] = 0.0
+            q[:, -1] = 0.0
+            p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+        clipped = ClippedTarget(p, q)
+        hi = torch.exp(torch.rand(3, generator=generator, dtype=torch.float64) * 4)
+        lo = clipped.lower_for(hi)
+        assert ((lo >= 0) & (lo <= 1)).all()
+        assert torch.allclose(clipped.mass(lo, hi), torch.ones(3, dtype=torch.float64), atol=1e-12), trial
+        low, high = torch.zeros_like(hi), torch.ones_like(hi)
+        for _ in range(60):
+            middle = 0.5 * (low + high)
+            short = clipped.mass(middle, hi) < 1.0
+            low, high = torch.where(short, middle, low), torch.where(short, high, middle)
+        assert torch.allclose(lo, high, atol=1e-12), trial
 
 
 @pytest.mark.slow

@@ -6,9 +6,9 @@ rejection-samples toward pi. The original bounds KL(p || pi); this harness measu
 bounds, KL(P_V || p); the optimum has the same clipped form for either direction.
 
 The constants come from one sort per row, prefix sums of p, q and q log(q / p) in the order
-of q / p, and two nested bisections on [D]-sized tensors (no pass over the vocabulary per
-iteration). Greedy: p is one-hot, so any other token costs infinite KL: the rule is ``exact``.
-D = 0 is ``rejection``. Chains only. Not lossless.
+of q / p, and a bisection of hi on [D]-sized tensors; for each hi, lo is solved exactly (the mass
+is piecewise linear in lo), so no iteration passes over the vocabulary. Greedy: p is one-hot,
+so any other token costs infinite KL: the rule is ``exact``. D = 0 is ``rejection``. Chains only. Not lossless.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mars_bench.verification.chain_rule import ChainRows, ChainRule, RowRule, to
 from mars_bench.verification.kernels import Prepared
 from mars_bench.verification.strict import GreedyRule
 
-BISECTIONS = 26  # halvings of each constant's interval (lo in [0, 1], log hi): 2^-26 of its width
+BISECTIONS = 26  # halvings of log hi's interval: 2^-26 of its width
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,12 @@ class ClippedTarget:
         self.p_above = torch.cat([p_sorted.flip(-1).cumsum(-1).flip(-1), zero], dim=-1)
         self.q_below = torch.cat([zero, q_sorted.cumsum(-1)], dim=-1)
         self.kl_below = torch.cat([zero, kl_terms.cumsum(-1)], dim=-1)
+        # The mass at lo = the j-th ratio, less its hi-side terms: r_j * p_below[j] - q_below[j]
+        # ([R, V], non-decreasing in j). Only lo in [0, 1] is ever solved for (the mass at lo = 1
+        # is >= 1), so ratios above 1 are no breakpoints.
+        usable = self.sorted_ratio <= 1.0
+        at_ratio = self.sorted_ratio.where(usable, 0.0) * self.p_below[:, :-1] - self.q_below[:, :-1]
+        self.breakpoint_mass = at_ratio.where(usable, math.inf).contiguous()
 
     def _parts(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(p mass below lo, the q and q log(q / p) sums between, p mass above hi) per row."""
@@ -77,13 +83,19 @@ class ClippedTarget:
         return xlogx(lo) * below + kl_between + xlogx(hi) * above
 
     def lower_for(self, hi: torch.Tensor) -> torch.Tensor:
-        """The lo in [0, 1] that makes pi sum to 1 for each row's hi (the mass grows with lo)."""
-        low, high = torch.zeros_like(hi), torch.ones_like(hi)
-        for _ in range(BISECTIONS):
-            middle = 0.5 * (low + high)
-            short = self.mass(middle, hi) < 1.0
-            low, high = torch.where(short, middle, low), torch.where(short, high, middle)
-        return 0.5 * (low + high)
+        """The lo in [0, 1] that makes pi sum to 1 for each row's hi ([R] -> [R]), exactly.
+
+        For lo between the (k-1)-th and k-th ratios the mass is lo * p_below[k] + C - q_below[k],
+        with C = q_below[high] + hi * p_above[high] the terms at and above hi: linear and
+        non-decreasing in lo, so the root's segment k is found by one search of the breakpoint
+        masses and lo solved on it. Where the mass at lo = 0 already reaches 1 (no p mass below
+        the root), lo is 0."""
+        high = torch.searchsorted(self.sorted_ratio, hi[:, None], right=True)
+        fixed = self.q_below.gather(-1, high).squeeze(-1) + hi * self.p_above.gather(-1, high).squeeze(-1)
+        segment = torch.searchsorted(self.breakpoint_mass, (1.0 - fixed)[:, None], right=False)
+        slope = self.p_below.gather(-1, segment).squeeze(-1)
+        lo = (1.0 - fixed + self.q_below.gather(-1, segment).squeeze(-1)) / slope.clamp(min=1e-300)
+        return torch.where(slope > 0, lo, torch.zeros_like(lo)).clamp(0.0, 1.0)
 
     def within(self, budget: float) -> torch.Tensor:
         """pi [R, V] with KL(pi || p) = budget, or the nearest to q when KL(q || p) <= budget.
