@@ -316,3 +316,25 @@ def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path, t
     assert all(row["agreement"] == 1.0 and row["tau"] > 1 for row in rows if row["method"] == "exact")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["methods"]["exact"]["drafter"] == {"name": "model_tree", "top_k": 3, "tree_tokens": 16}
+
+
+def test_a_draft_model_equal_to_the_target_is_loaded_once(monkeypatch):
+    """The target's and the drafter's loads are one cache entry when they name the same weights and placement."""
+    from mars_bench.bench import cell
+
+    loads = []
+
+    def fake_load(name, **options):
+        loads.append((name, options))
+        tokenizer = type("Tokenizer", (), {"get_vocab": lambda self: {"a": 0}})()
+        return type("Loaded", (), {"model": object(), "tokenizer": tokenizer})()
+
+    monkeypatch.setattr(cell, "load_model", fake_load)
+    cell.forget_loaded_models()
+    try:
+        cfg = run_config("model=smollm2-135m", "drafter=model", "model.draft_model=HuggingFaceTB/SmolLM2-135M-Instruct")
+        models = cell.load_models(cfg)
+    finally:
+        cell.forget_loaded_models()
+    assert models["drafter"] is models["target"]
+    assert [name for name, _ in loads] == ["HuggingFaceTB/SmolLM2-135M-Instruct"]

@@ -55,7 +55,7 @@ def killed_app(where: str, count: int, overrides: list[str]) -> int:
         return row
 
     if where == "load":
-        cell.cached_model.cache_clear()  # the models this process loaded already: the target loads afresh
+        cell.forget_loaded_models()  # the models this process loaded already: the target loads afresh
         cell.load_model = die
     records.RecordWriter.write = write_then_die
     return run_main("mars_bench", *overrides)

@@ -34,13 +34,26 @@ from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier
 
 
-@lru_cache(maxsize=4)
 def cached_model(
-    name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None, offload_folder: str | None = None
+    name: str,
+    dtype: str,
+    device_map: str | None,
+    attn: str,
+    max_memory: tuple | None = None,
+    offload_folder: str | None = None,
 ) -> LoadedModel:
-    """Models stay loaded across the cells of a multirun in one process.
+    """Models stay loaded across the cells of a multirun in one process: one load per distinct
+    (name, dtype, device_map, attn, max_memory, offload_folder), however the call spells it (a draft
+    model equal to the target is the target's object).
 
     max_memory: a tuple of (device, size) pairs (hashable); offload_folder allows disk offload."""
+    return _loaded(name, dtype, device_map, attn, max_memory, offload_folder)
+
+
+@lru_cache(maxsize=4)
+def _loaded(
+    name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None, offload_folder: str | None
+) -> LoadedModel:
     return load_model(
         name,
         dtype=dtype,
@@ -49,6 +62,11 @@ def cached_model(
         max_memory=dict(max_memory) if max_memory else None,
         offload_folder=offload_folder,
     )
+
+
+def forget_loaded_models() -> None:
+    """Drop the models ``cached_model`` holds (the next call loads afresh)."""
+    _loaded.cache_clear()
 
 
 def load_models(cfg: Any) -> dict[str, LoadedModel]:
