@@ -40,6 +40,7 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
     """Run the cell into ``folder`` (resuming the rows it holds), then print its summary."""
     from mars_bench.bench.cell import failure_record, run_cell
     from mars_bench.bench.failures import FAILED_EXIT, failure_line
+    from mars_bench.bench.manifest import emulated_bf16_warning
     from mars_bench.bench.records import RecordWriter
     from mars_bench.bench.run_folder import CONFIG_FILE, check_writable, recorded_cell, refuse, resuming_line
     from mars_bench.bench.summary import write_summary
@@ -51,6 +52,9 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
         refuse(error)
     if (folder / CONFIG_FILE).is_file():  # a cell has started here before
         print(resuming_line(folder), file=sys.stderr)
+    slow_bf16 = emulated_bf16_warning(cfg.model.get("dtype"), cfg.model.get("device_map"))
+    if slow_bf16:
+        print(slow_bf16, file=sys.stderr)
     try:
         rows = run_cell(cfg, folder, name=name)
     except Exception as error:  # the cell cannot run (a model that will not load, ...)

@@ -338,3 +338,36 @@ def test_a_draft_model_equal_to_the_target_is_loaded_once(monkeypatch):
         cell.forget_loaded_models()
     assert models["drafter"] is models["target"]
     assert [name for name, _ in loads] == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+NO_BF16_CPU = {"model": "a CPU", "cores": 2, "avx512_bf16": False, "amx_bf16": False, "native_bf16": False}
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_named_in_one_line():
+    from mars_bench.bench.manifest import BF16_FLAGS, cpu_description, emulated_bf16_warning
+
+    line = emulated_bf16_warning("bfloat16", None, NO_BF16_CPU)
+    assert line.startswith("mars_bench: warning: dtype=bfloat16 on a CPU without native bf16 (a CPU: ") and "\n" not in line
+    assert "model.dtype=float32" in line and all(flag in line for flag in BF16_FLAGS)
+    assert emulated_bf16_warning("bfloat16", "cpu", NO_BF16_CPU) == line
+    native = {**NO_BF16_CPU, "amx_bf16": True, "native_bf16": True}
+    unknown = {**NO_BF16_CPU, "avx512_bf16": None, "amx_bf16": None, "native_bf16": None}
+    assert emulated_bf16_warning("bfloat16", None, native) is None  # the CPU multiplies bf16 itself
+    assert emulated_bf16_warning("bfloat16", None, unknown) is None  # no /proc/cpuinfo: not known, not said
+    assert emulated_bf16_warning("float32", None, NO_BF16_CPU) is None
+    assert emulated_bf16_warning("bfloat16", "cuda", NO_BF16_CPU) is None  # the models are not on the CPU
+    cpu = cpu_description()  # this machine's, read from /proc/cpuinfo
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].splitlines()[0].split()
+    assert cpu["native_bf16"] == any(flag in flags for flag in BF16_FLAGS)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_cpu_without_native_bf16_warns_and_still_runs(tmp_path, tiny_target, monkeypatch):
+    from mars_bench.bench import manifest
+
+    monkeypatch.setattr(manifest, "cpu_description", lambda: dict(NO_BF16_CPU))
+    tiny = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}"]
+    done = app(*SMOKE, *tiny, f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 0, done.stderr
+    assert manifest.emulated_bf16_warning("bfloat16", None, NO_BF16_CPU) in done.stderr.splitlines()
+    assert read_rows(tmp_path / "run" / "records.jsonl")

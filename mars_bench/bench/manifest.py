@@ -50,22 +50,46 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 CPU flags of native bf16 matrix products
+
+
 def cpu_description() -> dict[str, Any]:
-    model, flags = None, ""
+    """The CPU a run measured on: model, cores, its native-bf16 flags (``native_bf16``: any of
+    ``BF16_FLAGS``; None where /proc/cpuinfo cannot be read) and torch's threads."""
+    model, flags = None, None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and model is None:
                 model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = line
+            elif line.startswith("flags") and flags is None:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         model = platform.processor() or None
+    native = {flag: None if flags is None else flag in flags for flag in BF16_FLAGS}
     return {
         "model": model,
         "cores": os.cpu_count(),
-        "avx512_bf16": "avx512_bf16" in flags,
+        **native,
+        "native_bf16": None if flags is None else any(native.values()),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def emulated_bf16_warning(dtype: str | None, device_map: str | None, cpu: dict[str, Any] | None = None) -> str | None:
+    """One line where a model would run bf16 matrix products the CPU emulates: ``dtype`` bfloat16,
+    placed on the CPU (``device_map`` None or ``cpu``), and a CPU with none of ``BF16_FLAGS``.
+    None otherwise, and where the flags cannot be read. Such a CPU ran bf16 products about 50x
+    slower than float32 (docs/performance.md); the results stay valid, the run is only slow."""
+    if dtype != "bfloat16" or device_map not in (None, "cpu"):
+        return None
+    cpu = cpu_description() if cpu is None else cpu
+    if cpu.get("native_bf16") is not False:
+        return None
+    return (
+        f"mars_bench: warning: dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of "
+        f"{', '.join(BF16_FLAGS)}): its matrix products are emulated and can be tens of times slower than "
+        "float32; model.dtype=float32 (perf: --dtype float32) runs faster"
+    )
 
 
 def gpu_description() -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mars_bench.bench.manifest import emulated_bf16_warning
 from mars_bench.drafting.draft_weights import DRAFT_WEIGHTS
 from mars_bench.files import atomic_replace
 from mars_bench.paths import CONF_DIR
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings, out = parse(argv)
         out.mkdir(parents=True, exist_ok=True)
+        slow_bf16 = emulated_bf16_warning(settings.dtype, None)
+        if slow_bf16:
+            print(slow_bf16.replace("mars_bench:", "perf:", 1), file=sys.stderr)
         result = run_suite(settings, after_repeat=lambda report: write_report(report, out))
     except ValueError as error:
         print(f"perf: error: {error}", file=sys.stderr)
