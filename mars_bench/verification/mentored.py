@@ -83,7 +83,7 @@ class ClippedTarget:
         return xlogx(lo) * below + kl_between + xlogx(hi) * above
 
     def lower_for(self, hi: torch.Tensor) -> torch.Tensor:
-        """The lo in [0, 1] that makes pi sum to 1 for each row's hi ([R] -> [R]), exactly.
+        """The lo in [0, 1] that makes pi sum to 1 for each row's hi >= 1 ([R] -> [R]), exactly.
 
         For lo between the (k-1)-th and k-th ratios the mass is lo * p_below[k] + C - q_below[k],
         with C = q_below[high] + hi * p_above[high] the terms at and above hi: linear and
