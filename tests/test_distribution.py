@@ -52,7 +52,8 @@ class ToyDecoder:
         drafts = []
         uniforms = None if self.deterministic_drafts else torch.rand(GAMMA, generator=generator, dtype=torch.float64).tolist()
         for index in range(GAMMA):
-            last = self.greedy[last] if uniforms is None else min(bisect_right(self.cdf[last], uniforms[index]), VOCAB - 1)
+            # u * total < total, so the draw never lands past the last token q gives mass (q(x) = 0 is never drawn)
+            last = self.greedy[last] if uniforms is None else bisect_right(self.cdf[last], uniforms[index] * self.cdf[last][-1])
             drafts.append(last)
         return drafts
 
