@@ -54,7 +54,7 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
         print(resuming_line(folder), file=sys.stderr)
     slow_bf16 = emulated_bf16_warning(cfg.model.get("dtype"), cfg.model.get("device_map"))
     if slow_bf16:
-        print(slow_bf16, file=sys.stderr)
+        print(f"mars_bench: warning: {slow_bf16}", file=sys.stderr)
     try:
         rows = run_cell(cfg, folder, name=name)
     except Exception as error:  # the cell cannot run (a model that will not load, ...)

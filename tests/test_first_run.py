@@ -78,7 +78,7 @@ def mars_lines(stderr: str) -> list[str]:
     fact of the machine the test runs on, not of the run."""
     from mars_bench.bench.manifest import emulated_bf16_warning
 
-    machine = emulated_bf16_warning("bfloat16", None)
+    machine = f"mars_bench: warning: {emulated_bf16_warning('bfloat16', None)}"
     return [line for line in stderr.splitlines() if line.startswith("mars_bench:") and line != machine]
 
 

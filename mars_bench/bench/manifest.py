@@ -76,8 +76,9 @@ def cpu_description() -> dict[str, Any]:
 
 
 def emulated_bf16_warning(dtype: str | None, device_map: str | None, cpu: dict[str, Any] | None = None) -> str | None:
-    """One line where a model would run bf16 matrix products the CPU emulates: ``dtype`` bfloat16,
-    placed on the CPU (``device_map`` None or ``cpu``), and a CPU with none of ``BF16_FLAGS``.
+    """The warning, one line without the program's prefix, where a model would run bf16 matrix
+    products the CPU emulates: ``dtype`` bfloat16, placed on the CPU (``device_map`` None or
+    ``cpu``), and a CPU with none of ``BF16_FLAGS``.
     None otherwise, and where the flags cannot be read. Such a CPU ran bf16 products about 50x
     slower than float32 (docs/performance.md); the results stay valid, the run is only slow."""
     if dtype != "bfloat16" or device_map not in (None, "cpu"):
@@ -86,7 +87,7 @@ def emulated_bf16_warning(dtype: str | None, device_map: str | None, cpu: dict[s
     if cpu.get("native_bf16") is not False:
         return None
     return (
-        f"mars_bench: warning: dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of "
+        f"dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of "
         f"{', '.join(BF16_FLAGS)}): its matrix products are emulated and can be tens of times slower than "
         "float32; model.dtype=float32 (perf: --dtype float32) runs faster"
     )

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         slow_bf16 = emulated_bf16_warning(settings.dtype, None)
         if slow_bf16:
-            print(slow_bf16.replace("mars_bench:", "perf:", 1), file=sys.stderr)
+            print(f"perf: warning: {slow_bf16}", file=sys.stderr)
         result = run_suite(settings, after_repeat=lambda report: write_report(report, out))
     except ValueError as error:
         print(f"perf: error: {error}", file=sys.stderr)
