@@ -59,7 +59,10 @@ needs_shared_data = pytest.mark.skipif(
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that share a module-scoped fixture stay on one xdist worker (``--dist loadgroup``), so that
-    it is set up once; every other test goes to whichever worker is free."""
+    it is set up once; every other test goes to whichever worker is free. xdist groups a test by the
+    ``@group`` it appends to the test's ``_nodeid``; pytest 9.2 reads ``nodeid`` from elsewhere, so there
+    every group was lost and each worker set the fixtures up again (the test extra pins pytest 9.1.1;
+    ``test_packaging`` checks the grouping holds)."""
     for item in items:
         definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(defs and defs[-1].scope == "module" for defs in definitions.values()):

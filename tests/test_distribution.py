@@ -12,7 +12,7 @@ import torch
 from conftest import SHARES, on_every_core
 from scipy.stats import chisquare
 
-from mars_bench.verification import VerifyInput, get_verifier
+from mars_bench.verification import VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # every test draws 6,000 sequences, of tiny tensors
@@ -37,7 +37,8 @@ class ToyDecoder:
     (the verifier told the q of ``reported`` instead, where given: a broken drafter).
 
     The drafter's distributions and each step's ``VerifyInput`` are built once per context (the previous
-    token and the drafts): there are VOCAB ** (GAMMA + 1) of them, and a draw then costs its verifies."""
+    token and the drafts): there are VOCAB ** (GAMMA + 1) of them, and a draw then costs its share of the
+    batched verifies."""
 
     def __init__(self, deterministic_drafts: bool, target: torch.Tensor, drafter: torch.Tensor, reported: torch.Tensor | None):
         self.deterministic_drafts, self.target = deterministic_drafts, target
@@ -65,14 +66,30 @@ class ToyDecoder:
             self.steps[context] = VerifyInput(drafts, torch.arange(-1, GAMMA - 1), self.target[rows], SAMPLE, draft_dists=dists)
         return self.steps[context]
 
-    def sequence(self, verifier, generator: torch.Generator) -> tuple[int, ...]:
-        """Decode LENGTH tokens after token 0."""
-        sequence = [0]
-        while len(sequence) - 1 < LENGTH:
+    def sequences(self, verifier, generator: torch.Generator, count: int) -> list[tuple[int, ...]]:
+        """Decode ``count`` sequences of LENGTH tokens after token 0 (``decode_together``)."""
+
+        def step(sequence: list[int]) -> tuple[list[int], VerifyInput]:
             drafts = self.draft(sequence[-1], generator)
-            verdict = verifier.verify(self.step((sequence[-1], *drafts)), generator=generator)
-            sequence += drafts[: verdict.accepted_len] + [verdict.next_token]
-        return tuple(sequence[1 : LENGTH + 1])
+            return drafts, self.step((sequence[-1], *drafts))
+
+        return decode_together(verifier, generator, count, step)
+
+
+def decode_together(verifier, generator: torch.Generator, count: int, step) -> list[tuple[int, ...]]:
+    """``count`` sequences of LENGTH tokens after token 0, decoded side by side: each round judges every
+    unfinished sequence's step (``step(sequence)`` gives its drafts and their verification) in one batched
+    call, each sequence a request of its own (test_batched_verification: the same verdicts as one by one)."""
+    running, finished = [[0] for _ in range(count)], []
+    while running:
+        drafted = [step(sequence) for sequence in running]
+        verdicts = verifier.verify_batch(batch_steps([verify for _, verify in drafted]), generator=generator)
+        still = []
+        for sequence, (drafts, _), verdict in zip(running, drafted, verdicts):
+            sequence += [drafts[node] for node in verdict.accepted.tolist()] + [verdict.next_token]
+            (still if len(sequence) - 1 < LENGTH else finished).append(sequence)
+        running = still
+    return [tuple(sequence[1 : LENGTH + 1]) for sequence in finished]
 
 
 def tree_drafts(last: int) -> tuple[list[int], list[int]]:
@@ -88,22 +105,21 @@ def tree_drafts(last: int) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-def speculative_tree_sequence(
-    verifier, generator: torch.Generator, target: torch.Tensor, steps: dict[int, tuple[list[int], VerifyInput]]
-) -> tuple[int, ...]:
-    """Decode LENGTH tokens after token 0, verifying a deterministic tree of drafts per step (``steps``:
-    each last token's drafts and verification, built on first use)."""
-    sequence = [0]
-    while len(sequence) - 1 < LENGTH:
+def speculative_tree_sequences(
+    verifier, generator: torch.Generator, target: torch.Tensor, steps: dict[int, tuple[list[int], VerifyInput]], count: int
+) -> list[tuple[int, ...]]:
+    """Decode ``count`` sequences of LENGTH tokens after token 0, verifying a deterministic tree of drafts per
+    step (``steps``: each last token's drafts and verification, built on first use)."""
+
+    def step(sequence: list[int]) -> tuple[list[int], VerifyInput]:
         last = sequence[-1]
         if last not in steps:
             drafts, parents = tree_drafts(last)
             rows = torch.tensor([last, *drafts])
             steps[last] = drafts, VerifyInput(torch.tensor(drafts), torch.tensor(parents), target[rows], SAMPLE)
-        drafts, step = steps[last]
-        verdict = verifier.verify(step, generator=generator)
-        sequence += [drafts[node] for node in verdict.accepted.tolist()] + [verdict.next_token]
-    return tuple(sequence[1 : LENGTH + 1])
+        return steps[last]
+
+    return decode_together(verifier, generator, count, step)
 
 
 def target_joint(target: torch.Tensor) -> dict[tuple[int, ...], float]:
@@ -132,14 +148,10 @@ def chi_square_pvalue(
     def draw(part: int) -> Counter:
         """The sequences of one of the draws' SHARES (conftest.on_every_core), from a generator of its own."""
         generator = torch.Generator().manual_seed(1234 + part)
-        drawn: Counter = Counter()
-        toy, tree_steps = ToyDecoder(deterministic_drafts, target, drafter, reported), {}
-        for _ in range(DRAWS // SHARES):
-            if tree:
-                drawn[speculative_tree_sequence(verifier, generator, target, tree_steps)] += 1
-            else:
-                drawn[toy.sequence(verifier, generator)] += 1
-        return drawn
+        if tree:
+            return Counter(speculative_tree_sequences(verifier, generator, target, {}, DRAWS // SHARES))
+        toy = ToyDecoder(deterministic_drafts, target, drafter, reported)
+        return Counter(toy.sequences(verifier, generator, DRAWS // SHARES))
 
     counts = sum(on_every_core(draw), Counter())
     joint = target_joint(target)

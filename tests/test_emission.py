@@ -1,7 +1,7 @@
 """``emission``: every verifier states the exact distribution P_V of the token it emits at each
 judging row and the probability alpha_V that it keeps a draft there; this file holds it to that.
 
-1. Exact vs empirical: ``verify`` run 3,000 times emits, at
+1. Exact vs empirical: ``verify`` run 3,000 times (one batched call) emits, at
    each judging row its walk reaches, tokens distributed as ``emission.dist`` (chi-square) and keeps the row's draft at the rate
    ``emission.accept`` (binomial z), for a chain of sampled drafts, a chain of deterministic
    drafts (under top-k) and a tree of three deterministic root children. At these counts the
@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
+from mars_bench.verification import VerifyInput, available_verifiers, batch_steps, get_verifier
 from mars_bench.verification.emission import Emission, fidelity, proposal_rows
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits
 
@@ -250,11 +250,12 @@ def verify_runs(verifier, case_data: Case, rows: list[int], draws: int, seed: in
         drafts = torch.multinomial(case_data.resample, draws, replacement=True, generator=generator).t()
         draft_probs = case_data.resample.gather(-1, drafts.t()).t()
     tally = Tally({row: torch.zeros(vocab, dtype=torch.long) for row in rows}, dict.fromkeys(rows, 0), dict.fromkeys(rows, 0))
-    step = case_data.step
-    for draw in range(draws):
-        if case_data.resample is not None:
-            step = replace(case_data.step, draft_tokens=drafts[draw], draft_probs=draft_probs[draw])
-        for row, (token, kept_draft) in walk(step, verifier.verify(step, generator=generator)).items():
+    steps = [case_data.step] * draws
+    if case_data.resample is not None:
+        steps = [replace(case_data.step, draft_tokens=drafts[draw], draft_probs=draft_probs[draw]) for draw in range(draws)]
+    # One call judges every run, each a request of its own (test_batched_verification: the same verdicts as one by one).
+    for step, verdict in zip(steps, verifier.verify_batch(batch_steps(steps), generator=generator)):
+        for row, (token, kept_draft) in walk(step, verdict).items():
             if row in tally.counts:
                 tally.counts[row][token] += 1
                 tally.reached[row] += 1

@@ -1,9 +1,12 @@
-"""The wheel's package list: every package of the checkout, with analysis/ and conf/ inside mars_bench."""
+"""The wheel's package list: every package of the checkout, with analysis/ and conf/ inside mars_bench; the
+extras; and the test extra's pins keeping the suite's xdist groups."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import tomllib
 from setuptools import find_packages
 
@@ -80,7 +83,6 @@ def test_the_test_extra_installs_every_other_extra():
 
 
 def test_a_launcher_or_command_whose_extra_is_missing_is_refused_in_one_line(monkeypatch, capsys):
-    import pytest
     from conftest import python_m
 
     from mars_bench import extras
@@ -100,3 +102,15 @@ def test_a_launcher_or_command_whose_extra_is_missing_is_refused_in_one_line(mon
     assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
         "mars-bench-lm-eval: error: mars-bench-lm-eval needs the lm-eval extra, which is not installed: "
         "pip install 'mars-bench[lm-eval]'"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def module_fixture() -> str:
+    return "shared"
+
+
+@pytest.mark.skipif("PYTEST_XDIST_WORKER" not in os.environ, reason="the grouping is xdist's (--dist loadgroup)")
+def test_tests_sharing_a_module_fixture_run_on_one_xdist_worker(module_fixture, request):
+    # conftest marks the test with its module's group; xdist keeps a group on one worker only where the
+    # group shows in the node id (pytest 9.2 and xdist 3.8 lose it, and every worker set the fixture up).
+    assert request.node.nodeid.endswith(f"@{request.node.module.__name__}"), request.node.nodeid

@@ -2,6 +2,7 @@
 
 from mars_bench.verification import VerifyInput, get_verifier
 verdict = get_verifier("mars", theta=0.9).verify(step, generator=generator)
+verdicts = get_verifier("mars").verify_batch(batch_steps(steps), generator=generators)  # B requests at once
 verifier_settings("mars")  # MarsParams: the allowed settings, their defaults and checks
 """
 
@@ -24,6 +25,7 @@ from mars_bench.verification.base import (
     Verifier,
     VerifyInput,
     available_verifiers,
+    batch_steps,
     get_verifier,
     register_verifier,
     verifier_settings,
@@ -43,6 +45,7 @@ __all__ = [
     "Verifier",
     "VerifyInput",
     "available_verifiers",
+    "batch_steps",
     "get_verifier",
     "register_verifier",
     "verifier_settings",

@@ -12,7 +12,7 @@ allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -20,7 +20,7 @@ import torch
 
 from mars_bench.reasons import Reason
 from mars_bench.settings import check_settings_class, label_values, settings_from
-from mars_bench.verification.sampling import SamplingParams
+from mars_bench.verification.sampling import Generators, SamplingParams
 
 __all__ = [
     "Decisions",
@@ -30,6 +30,7 @@ __all__ = [
     "Verifier",
     "VerifyInput",
     "available_verifiers",
+    "batch_steps",
     "check_choice",
     "check_range",
     "check_theta",
@@ -52,6 +53,10 @@ class VerifyInput:
         means the drafts were chosen deterministically (q is one-hot at the draft).
     target_logits: FloatTensor[N + 1, V], raw target logits at the root and after every node.
     sampling: the processing (temperature, top_p, top_k) every verifier applies.
+    drafts_per_row: None for one request's step. A step of B requests (``batch_steps``) gives
+        N_b per request: each tensor above holds the requests' entries one after another (request
+        b's N_b drafts, and its N_b + 1 target-logits rows, so target_logits is [N + B, V]), and
+        ``parents`` index each request's own nodes. ``Verifier.verify_batch`` judges it.
     """
 
     draft_tokens: torch.Tensor
@@ -60,18 +65,30 @@ class VerifyInput:
     sampling: SamplingParams = SamplingParams()
     draft_probs: torch.Tensor | None = None
     draft_dists: torch.Tensor | None = None
+    drafts_per_row: tuple[int, ...] | None = None
 
     @property
     def num_drafts(self) -> int:
         return int(self.draft_tokens.shape[0])
 
+    @property
+    def batch_size(self) -> int:
+        """B, the requests judged in this step (1 unless built by ``batch_steps``)."""
+        return 1 if self.drafts_per_row is None else len(self.drafts_per_row)
+
     def check(self) -> None:
         """Raise ValueError on inconsistent shapes (cheap: no host-device sync)."""
         n = self.num_drafts
+        if self.drafts_per_row is not None and (
+            not self.drafts_per_row or sum(self.drafts_per_row) != n or min(self.drafts_per_row) < 0
+        ):
+            allowed = f"a count >= 0 per request, summing to N = {n}"
+            raise ValueError(f"drafts_per_row={self.drafts_per_row!r} is invalid: allowed is {allowed}")
         if self.draft_tokens.dim() != 1:
             raise ValueError(f"draft_tokens must be 1-D, got shape {tuple(self.draft_tokens.shape)}")
-        if self.target_logits.dim() != 2 or self.target_logits.shape[0] != n + 1:
-            raise ValueError(f"target_logits must have shape [N+1, V] = [{n + 1}, V], got {tuple(self.target_logits.shape)}")
+        rows, shape = n + self.batch_size, "[N+1, V]" if self.drafts_per_row is None else "[N+B, V]"
+        if self.target_logits.dim() != 2 or self.target_logits.shape[0] != rows:
+            raise ValueError(f"target_logits must have shape {shape} = [{rows}, V], got {tuple(self.target_logits.shape)}")
         if self.target_logits.shape[1] < 1:
             raise ValueError("target_logits has an empty vocabulary axis")
         if tuple(self.parents.shape) != (n,):
@@ -82,6 +99,35 @@ class VerifyInput:
             raise ValueError(
                 f"draft_dists must have shape [{n}, {self.target_logits.shape[1]}], got {tuple(self.draft_dists.shape)}"
             )
+
+
+def batch_steps(steps: Sequence[VerifyInput]) -> VerifyInput:
+    """One step judging every request of ``steps`` (each one request's step) together.
+
+    They must share the sampling settings, and give ``draft_probs`` and ``draft_dists`` all or
+    none; the drafts and logits are concatenated in order (see ``VerifyInput.drafts_per_row``).
+    """
+    if not steps:
+        raise ValueError("batch_steps needs at least one step")
+    first = steps[0]
+    for step in steps:
+        if step.drafts_per_row is not None:
+            raise ValueError("batch_steps takes one request's steps, got a batched step")
+        if step.sampling != first.sampling:
+            raise ValueError(f"the steps of a batch share their sampling: got {step.sampling} and {first.sampling}")
+        for field in ("draft_probs", "draft_dists"):
+            if (getattr(step, field) is None) != (getattr(first, field) is None):
+                raise ValueError(f"the steps of a batch give {field} all or none")
+    joined = lambda field: None if getattr(first, field) is None else torch.cat([getattr(s, field) for s in steps])  # noqa: E731
+    return VerifyInput(
+        draft_tokens=torch.cat([step.draft_tokens for step in steps]),
+        parents=torch.cat([step.parents for step in steps]),
+        target_logits=torch.cat([step.target_logits for step in steps]),
+        sampling=first.sampling,
+        draft_probs=joined("draft_probs"),
+        draft_dists=joined("draft_dists"),
+        drafts_per_row=tuple(step.num_drafts for step in steps),
+    )
 
 
 @dataclass(frozen=True)
@@ -188,11 +234,26 @@ class Verifier:
         self.params = params
 
     def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
+        """The verdict on one request's step."""
+        if step.batch_size != 1:
+            raise ValueError(f"verify judges one request's step, got {step.batch_size}: a batched step goes to verify_batch")
+        return self.verify_batch(step, generator=generator)[0]
+
+    def verify_batch(self, step: VerifyInput, *, generator: Generators = None) -> list[Verdict]:
+        """A verdict per request of ``step`` (``batch_steps``), in one call with no loop per token.
+
+        generator: one generator the whole step draws from, or one per request (``sampling.RandomStreams``):
+        with one per request, each request's verdict equals ``verify`` on its own step with its generator.
+        """
         raise NotImplementedError
 
     def emission(self, step: VerifyInput) -> Any:
         """The exact distribution of the emitted token per judging row (``emission.Emission``), which
         ``fidelity=true`` needs; every shipped verifier has one (``TreeVerifier``)."""
+        raise NotImplementedError(f"verifier {self.name} does not state its emission distribution (needed by fidelity=true)")
+
+    def emission_batch(self, step: VerifyInput) -> list[Any]:
+        """``emission`` of each request of a batched step (``batch_steps``), in the request's own rows."""
         raise NotImplementedError(f"verifier {self.name} does not state its emission distribution (needed by fidelity=true)")
 
     def describe(self) -> dict[str, object]:

@@ -21,7 +21,7 @@ import torch
 from mars_bench.verification.base import Reason, Verdict, VerifyInput
 from mars_bench.verification.emission import TINY, Emission, mix, normalised, proposal_rows
 from mars_bench.verification.kernels import Prepared, RowDraws, finish, gather_at, version_of
-from mars_bench.verification.sampling import scaled
+from mars_bench.verification.sampling import RandomStreams, scaled
 from mars_bench.verification.strict import GreedyRule, TreeVerifier
 
 
@@ -96,10 +96,9 @@ class ChainRule(TreeVerifier):
     def chain_rows(self, step: VerifyInput, prep: Prepared) -> ChainRows:
         if not prep.layout.chain:
             raise ValueError(f"verifier {self.name} judges chains only: got a tree of drafts (use a chain drafter)")
-        count = step.num_drafts
         probs = prep.probs
         proposal = proposal_rows(step.draft_tokens, step.draft_dists, probs.shape[-1])
-        return ChainRows(probs[:count], proposal, self.confidence(step), probs)
+        return ChainRows(prep.layout.drafted_rows(probs), proposal, self.confidence(step), probs)
 
     def confidence(self, step: VerifyInput) -> torch.Tensor:
         if step.draft_dists is not None:
@@ -108,18 +107,18 @@ class ChainRule(TreeVerifier):
             return step.draft_probs.float()
         return torch.ones(step.num_drafts, device=step.draft_tokens.device)
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         rows = self.chain_rows(step, prep)
         rule = self.rule_for(step, rows)
         drafts = step.draft_tokens
         keep = gather_at(rule.accept, drafts)
         strict = (gather_at(rows.p, drafts) / gather_at(rows.q, drafts).clamp(min=TINY)).clamp(max=1.0)
-        uniforms = torch.rand(drafts.shape[0], generator=generator, device=drafts.device)
+        uniforms = streams.node_uniforms(drafts.device)
         accepted = uniforms < keep
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(accepted, torch.where(uniforms < strict, int(Reason.SAMPLED), int(Reason.RELAXED)), rejected)
-        weights = torch.cat([normalised(rule.correction, rows.p), rows.all_p[drafts.shape[0] :]])
-        return finish(accepted, reasons, RowDraws(weights, generator), prep)
+        weights = prep.layout.with_drafted_rows(rows.all_p, normalised(rule.correction, rows.p))
+        return finish(accepted, reasons, RowDraws(weights, streams), prep)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         rows = self.chain_rows(step, prep)

@@ -106,6 +106,14 @@ def greedy_emission(
     return Emission(dist, taken[rows], rows)
 
 
+def split_emission(emission: Emission, layout: TreeLayout) -> list[Emission]:
+    """A batched step's emission (over the batch's rows) as one Emission per request, in the request's own rows."""
+    starts = torch.searchsorted(emission.rows, layout.root_row_tensor).tolist() + [emission.rows.shape[0]]
+    sizes = [end - start for start, end in zip(starts, starts[1:])]
+    parts = zip(emission.dist.split(sizes), emission.accept.split(sizes), emission.rows.split(sizes), layout.root_rows)
+    return [Emission(dist, accept, rows - root) for dist, accept, rows, root in parts]
+
+
 @dataclass(frozen=True)
 class Fidelity:
     """Per judged row ([R] each): alpha_V, KL(P_V || p) in nats (None when p is one-hot: greedy),

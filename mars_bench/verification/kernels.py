@@ -7,7 +7,12 @@ Every verifier computes, for all N drafted nodes at once, whether the node would
 accepted if the walk reached it, and why, and for every row which token to emit if the
 walk stops there. ``finish`` then walks the tree: from each accepted node the walk takes
 the first accepted child (in draft order, or in the verifier's order of preference) and
-stops where no child is accepted. The result goes to the host in one transfer. A chain is
+stops where no child is accepted. The result goes to the host in one transfer.
+
+A step may hold B requests (``VerifyInput.drafts_per_row``): their drafts and target-logits
+rows one after another, judged together as a forest (``TreeLayout``). Every per-node and
+per-row computation is the same for a forest; shapes written [N+1, ...] below have N + B rows
+then. Each request draws its random numbers from its own stream (``sampling.RandomStreams``). A chain is
 the tree with one child per node, for which the walk is the longest accepted prefix.
 
 Siblings are tried one after another, so a sampling verifier's test of a sibling assumes
@@ -24,9 +29,9 @@ from functools import lru_cache
 
 import torch
 
-from mars_bench.trees import ancestor_matrix, is_chain, node_depths
+from mars_bench.trees import tree_structure
 from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
-from mars_bench.verification.sampling import SamplingParams, probabilities, sample_rows
+from mars_bench.verification.sampling import RandomStreams, SamplingParams, probabilities
 
 
 @dataclass(frozen=True)
@@ -44,40 +49,111 @@ class TopTwo:
 
 @dataclass(frozen=True)
 class TreeLayout:
-    """The shape of one step's N drafts; tensors on the verification device.
+    """The shape of one step's drafts, for one request or a batch of B; tensors on the device.
+
+    A batch is a forest: request b's N_b nodes follow request b - 1's, and its N_b + 1
+    target-logits rows (its root's, then one per node) follow too. Node and row indices here are
+    the batch's (global); a request's own are these less its ``node_starts`` / ``root_rows`` entry.
 
     parent_rows: LongTensor[N], the target-logits row that judges each node.
-    ancestors: BoolTensor[N, N], [i, j] when node j is node i or one of its ancestors.
-    siblings: BoolTensor[N, N], [i, j] when nodes i and j share a parent (i == j included).
+    node_rows: LongTensor[N], each node's own row (the one judging its children).
+    node_request: LongTensor[N], the request of each node; node_start: LongTensor[N], the index of
+        its request's first node.
+    root_row_tensor: LongTensor[B], each request's root row.
     depth_tensor: LongTensor[N], ``depths`` on the device.
+    depth_waves: per depth d >= 1, (nodes at depth d, their parents), device LongTensors (empty
+        for chains, whose walk is a prefix).
     sibling_waves: per sibling rank r >= 1, (nodes of rank r, their previous siblings), as
         device LongTensors.
     judging_rows: LongTensor, the rows that have children (ascending).
-    depths: depth per node (0 for the root's children).
-    has_children: per row (the root's, then each node's).
-    chain: whether the nodes form a chain.
+    depths: depth per node (0 for a root's children).
+    has_children: per row (each request's root's, then each node's).
+    chain: whether every request's nodes form a chain.
+    drafts_per_row: N_b per request; node_starts, root_rows: each request's first node and root row.
     """
 
     parent_rows: torch.Tensor
-    ancestors: torch.Tensor
-    siblings: torch.Tensor
+    node_rows: torch.Tensor
+    node_request: torch.Tensor
+    node_start: torch.Tensor
+    root_row_tensor: torch.Tensor
     depth_tensor: torch.Tensor
+    depth_waves: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     sibling_waves: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     judging_rows: torch.Tensor
     depths: tuple[int, ...]
     has_children: tuple[bool, ...]
     chain: bool
+    drafts_per_row: tuple[int, ...]
+    node_starts: tuple[int, ...]
+    root_rows: tuple[int, ...]
+
+    @property
+    def row_count(self) -> int:
+        """Target-logits rows of the step: N + B."""
+        return len(self.has_children)
+
+    @property
+    def rows_per_request(self) -> tuple[int, ...]:
+        return tuple(count + 1 for count in self.drafts_per_row)
+
+    def drafted_rows(self, per_row: torch.Tensor) -> torch.Tensor:
+        """``per_row`` ([N+B, ...]) at the row judging each node of a chain layout ([N, ...]): a view
+        for one request (rows 0..N-1), a gather for a batch."""
+        if len(self.drafts_per_row) == 1:
+            return per_row[: self.parent_rows.shape[0]]
+        return per_row[self.parent_rows]
+
+    def with_drafted_rows(self, per_row: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
+        """``per_row`` ([N+B, ...]) with the rows judging a chain's nodes replaced by ``drafted`` ([N, ...])."""
+        if len(self.drafts_per_row) == 1:
+            return torch.cat([drafted, per_row[drafted.shape[0] :]])
+        return per_row.index_copy(0, self.parent_rows, drafted)
+
+    def on_path(self, chosen: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[N]: the nodes whose every ancestor, and themselves, are ``chosen`` ([N]):
+        the accepted path of each request. A chain's is the prefix before its first unchosen node."""
+        if self.chain:
+            rejected = (~chosen).long().cumsum(0)
+            before = torch.cat([rejected.new_zeros(1), rejected])[self.node_start]  # rejected before the request
+            return rejected == before
+        on_path = chosen.clone()
+        for nodes, parents in self.depth_waves:
+            on_path[nodes] &= on_path[parents]
+        return on_path
+
+    def stop_rows(self, on_path: torch.Tensor) -> torch.Tensor:
+        """LongTensor[B]: the row after each request's accepted path: its deepest accepted node's
+        row, or its root row when nothing is accepted. Parents come before their children, so the
+        deepest node on a path is its last."""
+        last = torch.where(on_path, self.node_rows, -1)
+        return self.root_row_tensor.scatter_reduce(0, self.node_request, last, reduce="amax", include_self=True)
 
 
 @lru_cache(maxsize=256)
-def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
+def tree_layout(parents: tuple[int, ...], device: str, drafts_per_row: tuple[int, ...] | None = None) -> TreeLayout:
     """The layout of ``parents`` (cached: a chain's costs nothing after its first step).
 
-    Its index tensors reach ``device`` in one host-to-device copy (each copy syncs a GPU), and
-    ``siblings`` is computed there.
+    parents: each node's parent within its own request (-1 for a child of its root), the requests'
+    nodes one after another; drafts_per_row: N_b per request (None: one request). Its index tensors
+    reach ``device`` in one host-to-device copy (each copy syncs a GPU).
     """
-    parent_tensor = torch.tensor(parents, dtype=torch.long)
-    rows = [parent + 1 for parent in parents]
+    counts = drafts_per_row or (len(parents),)
+    global_parents, rows, node_rows, requests, starts, depths = [], [], [], [], [], []
+    node_starts, root_rows, chain, start = [], [], True, 0
+    for request, count in enumerate(counts):
+        local = parents[start : start + count]
+        depths += tree_structure(local)[0].tolist()  # validates the order
+        chain = chain and local == tuple(range(-1, count - 1))
+        root = start + request
+        node_starts.append(start)
+        root_rows.append(root)
+        global_parents += [start + parent if parent >= 0 else -1 for parent in local]
+        rows += [root + parent + 1 for parent in local]
+        node_rows += range(root + 1, root + count + 1)
+        requests += [request] * count
+        starts += [start] * count
+        start += count
     waves: list[list[tuple[int, int]]] = []  # per rank >= 1: (node, previous sibling)
     last_child: dict[int, tuple[int, int]] = {}  # row -> (last child, its rank)
     for node, row in enumerate(rows):
@@ -88,22 +164,35 @@ def tree_layout(parents: tuple[int, ...], device: str) -> TreeLayout:
             last_child[row] = (node, rank + 1)
         else:
             last_child[row] = (node, 0)
-    depths = node_depths(parent_tensor)
-    parts = [rows, depths.tolist(), sorted(last_child)] + [[n for wave in waves for n, _ in wave]]
-    parts += [[p for wave in waves for _, p in wave], ancestor_matrix(parent_tensor).flatten().tolist()]
+    levels: list[list[tuple[int, int]]] = [[] for _ in range(0 if chain else max(depths, default=0))]
+    for node, depth in enumerate(depths):
+        if depth and not chain:
+            levels[depth - 1].append((node, global_parents[node]))
+    parts = [rows, node_rows, requests, starts, root_rows, depths, sorted(last_child)]
+    parts += [[n for wave in waves for n, _ in wave], [p for wave in waves for _, p in wave]]
+    parts += [[n for level in levels for n, _ in level], [p for level in levels for _, p in level]]
     packed = torch.tensor([value for part in parts for value in part], dtype=torch.long).to(device)
-    row_tensor, depth_tensor, judging, wave_nodes, wave_before, ancestors = packed.split([len(part) for part in parts])
-    wave_sizes = [len(wave) for wave in waves]
+    row_tensor, node_row_tensor, request_tensor, start_tensor, root_tensor, depth_tensor, judging, *rest = packed.split(
+        [len(part) for part in parts]
+    )
+    wave_nodes, wave_before, level_nodes, level_parents = rest
+    wave_sizes, level_sizes = [len(wave) for wave in waves], [len(level) for level in levels]
     return TreeLayout(
         parent_rows=row_tensor,
-        ancestors=ancestors.view(len(parents), len(parents)).bool(),
-        siblings=row_tensor[:, None] == row_tensor[None, :],
+        node_rows=node_row_tensor,
+        node_request=request_tensor,
+        node_start=start_tensor,
+        root_row_tensor=root_tensor,
         depth_tensor=depth_tensor,
+        depth_waves=tuple(zip(level_nodes.split(level_sizes), level_parents.split(level_sizes))),
         sibling_waves=tuple(zip(wave_nodes.split(wave_sizes), wave_before.split(wave_sizes))),
         judging_rows=judging,
-        depths=tuple(depths.tolist()),
-        has_children=tuple(row in last_child for row in range(len(parents) + 1)),
-        chain=is_chain(parent_tensor),
+        depths=tuple(depths),
+        has_children=tuple(row in last_child for row in range(len(parents) + len(counts))),
+        chain=chain,
+        drafts_per_row=tuple(counts),
+        node_starts=tuple(node_starts),
+        root_rows=tuple(root_rows),
     )
 
 
@@ -134,9 +223,20 @@ def input_problems(step: VerifyInput, layout: TreeLayout, row_max: torch.Tensor)
         ((drafts < 0) | (drafts >= logits.shape[-1])).any() if drafts.numel() else none,
         none if step.draft_probs is None else ~((step.draft_probs >= 0) & (step.draft_probs <= 1 + 1e-4)).all(),
         none if step.draft_dists is None or not step.draft_dists.numel() else ~(step.draft_dists.min() >= 0),
-        none if layout.chain else (layout.siblings & (drafts[:, None] == drafts[None, :])).sum() > drafts.shape[0],
+        none if layout.chain else repeated_siblings(drafts, layout),
     ]
     return torch.stack([flag.to(logits.device) for flag in flags])
+
+
+def repeated_siblings(drafts: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
+    """BoolTensor[]: whether two children of one row carry the same token (sorted by row, then
+    token: a repeat sits next to its twin; no [N, N] comparison, so a batch's forest stays linear)."""
+    if drafts.shape[0] < 2:
+        return torch.zeros((), dtype=torch.bool, device=drafts.device)
+    by_token = drafts.argsort(stable=True)
+    order = by_token[layout.parent_rows[by_token].argsort(stable=True)]
+    rows, tokens = layout.parent_rows[order], drafts[order]
+    return ((rows[1:] == rows[:-1]) & (tokens[1:] == tokens[:-1])).any()
 
 
 class TargetView:
@@ -272,8 +372,7 @@ def residual_rows(
     if draft_dists is None:
         residual = target_probs.index_put((layout.parent_rows, draft_tokens), torch.zeros((), device=target_probs.device))
     else:
-        n = draft_tokens.shape[0]
-        residual = torch.cat([(target_probs[:n] - draft_dists).clamp_(min=0.0), target_probs[n:]])
+        residual = layout.with_drafted_rows(target_probs, (layout.drafted_rows(target_probs) - draft_dists).clamp_(min=0.0))
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     return torch.where(empty, target_probs, residual)
 
@@ -282,17 +381,18 @@ def residual_rows(
 class RowDraws:
     """The token to emit at a stop row, drawn only once the stop row is known.
 
-    weights: FloatTensor[N+1, V], a non-negative (unnormalised) distribution per row. Only
-    the stop row is sampled: drawing every row would cost N+1 cumulative sums over the
-    vocabulary for one token.
+    weights: FloatTensor[N+B, V], a non-negative (unnormalised) distribution per row. Only
+    the stop rows are sampled: drawing every row would cost N+B cumulative sums over the
+    vocabulary for B tokens. streams: each request's random numbers.
     """
 
     weights: torch.Tensor
-    generator: torch.Generator | None
+    streams: RandomStreams
 
-    def at(self, row: torch.Tensor) -> torch.Tensor:
-        """LongTensor[1]: a sample from the row ``row`` (LongTensor[1], on the device)."""
-        return sample_rows(self.weights.index_select(0, row), self.generator)
+    def at(self, rows: torch.Tensor) -> torch.Tensor:
+        """LongTensor[B]: a sample from each request's stop row (``rows``: LongTensor[B], on the device),
+        with one uniform from the request's own stream."""
+        return self.streams.sample(self.weights.index_select(0, rows), (1,) * rows.shape[0])
 
 
 Candidates = torch.Tensor | RowDraws  # LongTensor[N+1] (a token per row) or draws per row
@@ -311,7 +411,7 @@ def strict_rejection(
     draft_tokens: torch.Tensor,
     draft_dists: torch.Tensor | None,
     layout: TreeLayout,
-    generator: torch.Generator | None,
+    streams: RandomStreams,
 ) -> StrictOutcome:
     """Accept a draft x with probability min(1, p(x) / q(x)); on reject sample from the residual.
 
@@ -320,7 +420,7 @@ def strict_rejection(
     the multi-draft rule of SpecInfer: a sibling is tried on p renormalised without the
     earlier siblings' tokens, and after every child is rejected the correction is sampled
     from p without them. Randomness drawn: N uniforms, then (in ``finish``) one uniform for
-    the stop row.
+    each stop row (each request's from its own stream).
     """
     p_draft = at_nodes(target_probs, draft_tokens, layout)
     if draft_dists is None:
@@ -328,9 +428,9 @@ def strict_rejection(
         p_draft, q_draft = p_draft / mass.clamp(min=torch.finfo(mass.dtype).tiny), torch.ones_like(p_draft)
     else:
         q_draft = gather_at(draft_dists, draft_tokens)
-    uniforms = torch.rand(draft_tokens.shape[0], generator=generator, device=target_probs.device)
+    uniforms = streams.node_uniforms(target_probs.device)
     accepted = uniforms * q_draft < p_draft
-    return StrictOutcome(accepted, RowDraws(residual_rows(target_probs, draft_tokens, draft_dists, layout), generator))
+    return StrictOutcome(accepted, RowDraws(residual_rows(target_probs, draft_tokens, draft_dists, layout), streams))
 
 
 def first_choices(accepted: torch.Tensor, layout: TreeLayout, preferred: torch.Tensor | None = None) -> torch.Tensor:
@@ -339,8 +439,9 @@ def first_choices(accepted: torch.Tensor, layout: TreeLayout, preferred: torch.T
     count = accepted.shape[0]
     order = torch.arange(count, device=accepted.device)
     rank = order if preferred is None else order + count * (~preferred).long()
-    beaten = layout.siblings & accepted[None, :] & (rank[None, :] < rank[:, None])
-    return accepted & ~beaten.any(dim=1)
+    unranked = torch.full((layout.row_count,), 2 * count + 1, dtype=torch.long, device=accepted.device)
+    best = unranked.scatter_reduce(0, layout.parent_rows, torch.where(accepted, rank, unranked[0]), reduce="amin")
+    return accepted & (rank == best[layout.parent_rows])  # ranks are distinct: one winner per row
 
 
 def finish(
@@ -350,8 +451,9 @@ def finish(
     prep: Prepared,
     preferred: torch.Tensor | None = None,
     row_trigger: torch.Tensor | None = None,
-) -> Verdict:
-    """Walk the tree, emit the stop row's candidate, and report the decisions, with one host transfer.
+) -> list[Verdict]:
+    """Walk each request's tree, emit its stop row's candidate, and report the decisions, with one
+    host transfer for the whole batch. Returns a Verdict per request, in the request's own indices.
 
     accepted: BoolTensor[N], whether each node is accepted if reached; reasons: LongTensor[N]
     (the reason if reached); candidates: the token to emit per stop row (LongTensor[N+1]),
@@ -361,36 +463,38 @@ def finish(
     row (reported as ``Decisions.triggered`` at the visited depths; None: no trigger).
     Raises ValueError, after the transfer, if an input check failed.
     """
-    layout, n = prep.layout, accepted.shape[0]
-    chosen = first_choices(accepted, layout, preferred) if not layout.chain else accepted
-    on_path = ~(layout.ancestors & ~chosen[None, :]).any(dim=1) if n else chosen
-    accepted_len = on_path.sum().reshape(1)
-    deepest = torch.where(on_path, layout.depth_tensor, -1).argmax().reshape(1) if n else accepted_len
-    stop_row = torch.where(accepted_len > 0, deepest + 1, 0)
-    emitted = candidates.at(stop_row) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_row)
+    layout = prep.layout
+    chosen = accepted if layout.chain else first_choices(accepted, layout, preferred)
+    on_path = layout.on_path(chosen)
+    stop_rows = layout.stop_rows(on_path)
+    emitted = candidates.at(stop_rows) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_rows)
     parts = [emitted, on_path, reasons, prep.rows.z1, prep.rows.z2, prep.problems]
     if row_trigger is not None:
         parts.append(row_trigger)
     packed = torch.cat([part.double() for part in parts]).cpu()
     emitted, on_path, reasons, z1, z2, problems, *trigger = packed.split([part.numel() for part in parts])
     raise_on_problems(problems.tolist())
-    next_token = int(emitted[0])
-    path = sorted(torch.nonzero(on_path).flatten().tolist(), key=lambda node: layout.depths[node])
-    stop = path[-1] + 1 if path else 0
-    visited_nodes = path + ([-1] if layout.has_children[stop] else [])  # -1: the rejected depth
-    visited_rows = [0] + [node + 1 for node in path]
-    rows = torch.tensor(visited_rows[: len(visited_nodes)], dtype=torch.long)
-    top1, top2 = z1.float()[rows], z2.float()[rows]
-    decisions = Decisions(
-        reasons=torch.tensor(
-            [int(reasons[node]) if node >= 0 else int(Reason.REJECTED) for node in visited_nodes], dtype=torch.long
-        ),
-        top1_logit=top1,
-        top2_logit=top2,
-        margin=top2 / top1,
-        triggered=trigger[0][rows].bool() if trigger else None,
-    )
-    return Verdict(accepted=torch.tensor(path, dtype=torch.long), next_token=next_token, decisions=decisions)
+    tokens, on_path_list, reason_list = emitted.long().tolist(), on_path.bool().tolist(), reasons.long().tolist()
+    top1_all, top2_all = z1.float(), z2.float()
+    triggered = trigger[0].bool() if trigger else None
+    verdicts = []
+    for request, (start, count, root) in enumerate(zip(layout.node_starts, layout.drafts_per_row, layout.root_rows)):
+        path = sorted((node for node in range(start, start + count) if on_path_list[node]), key=layout.depths.__getitem__)
+        stop = path[-1] + request + 1 if path else root
+        visited_nodes = path + ([-1] if layout.has_children[stop] else [])  # -1: the rejected depth
+        rows = torch.tensor(([root] + [node + request + 1 for node in path])[: len(visited_nodes)], dtype=torch.long)
+        top1, top2 = top1_all[rows], top2_all[rows]
+        visited_reasons = [reason_list[node] if node >= 0 else int(Reason.REJECTED) for node in visited_nodes]
+        decisions = Decisions(
+            reasons=torch.tensor(visited_reasons, dtype=torch.long),
+            top1_logit=top1,
+            top2_logit=top2,
+            margin=top2 / top1,
+            triggered=None if triggered is None else triggered[rows],
+        )
+        accepted_path = torch.tensor([node - start for node in path], dtype=torch.long)
+        verdicts.append(Verdict(accepted=accepted_path, next_token=tokens[request], decisions=decisions))
+    return verdicts
 
 
 def reasons_from(accepted: torch.Tensor, accept_reason: torch.Tensor | Reason) -> torch.Tensor:

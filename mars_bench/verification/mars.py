@@ -49,7 +49,7 @@ from mars_bench.verification.base import (
 )
 from mars_bench.verification.emission import Emission
 from mars_bench.verification.kernels import Prepared, RowDraws, finish, strict_rejection
-from mars_bench.verification.sampling import SamplingParams, probabilities
+from mars_bench.verification.sampling import RandomStreams, SamplingParams, probabilities
 from mars_bench.verification.strict import (
     GreedyRule,
     TreeVerifier,
@@ -124,12 +124,12 @@ class MarsVerifier(TreeVerifier):
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
         return GreedyRule(accepted, reasons, preferred=is_top1, row_trigger=row_trigger)
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         top, drafts = prep.nodes, step.draft_tokens
         row_trigger = self.row_trigger(prep, step.sampling)
         in_top2 = (drafts == top.t1) | (drafts == top.t2)
         probs = prep.probs
-        strict = strict_rejection(probs, drafts, step.draft_dists, prep.layout, generator)
+        strict = strict_rejection(probs, drafts, step.draft_dists, prep.layout, streams)
         relaxed = prep.parent_rows(row_trigger) & in_top2 & ~strict.accepted
         accepted = strict.accepted | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
@@ -137,7 +137,7 @@ class MarsVerifier(TreeVerifier):
         candidates = strict.candidates
         if self.params.correction == "target" and self.params.theta is not None:
             # A row with no children has the residual p anyway, so its bonus is unchanged.
-            candidates = RowDraws(torch.where(row_trigger[:, None], probs, candidates.weights), generator)
+            candidates = RowDraws(torch.where(row_trigger[:, None], probs, candidates.weights), streams)
         return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
@@ -150,8 +150,7 @@ class MarsVerifier(TreeVerifier):
             top, drafts = prep.nodes, step.draft_tokens
             relaxed = prep.parent_rows(row_trigger) & ((drafts == top.t1) | (drafts == top.t2))
         else:
-            count = step.num_drafts
-            relaxed = row_trigger[:count, None] & top2_mask(prep, count)
+            relaxed = prep.layout.drafted_rows(row_trigger)[:, None] & top2_mask(prep)
         correction = strict_correction(step, prep)
         if self.params.correction == "target" and self.params.theta is not None:
             correction = torch.where(row_trigger[:, None], probs, correction)

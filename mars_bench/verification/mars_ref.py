@@ -49,7 +49,7 @@ import torch
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_theta, register_verifier
 from mars_bench.verification.emission import TINY, Emission, normalised, sequential
 from mars_bench.verification.kernels import Prepared, RowDraws, TopTwo, at_nodes, finish, sibling_normalisers, top_two
-from mars_bench.verification.sampling import SamplingParams, process_logits
+from mars_bench.verification.sampling import RandomStreams, SamplingParams, process_logits
 from mars_bench.verification.strict import TreeVerifier, top2_mask
 
 
@@ -127,11 +127,11 @@ class MarsReferenceVerifier(TreeVerifier):
             lowered=adjusted,
         )
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         drafts, probs = step.draft_tokens, prep.probs
         nodes = self.official_nodes(step, prep)
         trigger = prep.parent_rows(nodes.row_trigger)
-        uniforms = torch.rand(drafts.shape[0], generator=generator, device=probs.device)
+        uniforms = streams.node_uniforms(probs.device)
         strict_accept = uniforms <= nodes.ratio
         accepted = torch.where(trigger, nodes.in_top2, strict_accept)
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
@@ -142,7 +142,7 @@ class MarsReferenceVerifier(TreeVerifier):
             torch.where(strict_accept, int(Reason.SAMPLED), rejected),
         )
         adjusted = torch.where(nodes.lowered.sum(-1, keepdim=True) > 0, nodes.lowered, probs)
-        candidates = RowDraws(torch.where(nodes.row_trigger[:, None], probs, adjusted), generator)
+        candidates = RowDraws(torch.where(nodes.row_trigger[:, None], probs, adjusted), streams)
         return finish(accepted, reasons, candidates, prep, row_trigger=nodes.row_trigger)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
@@ -158,10 +158,9 @@ class MarsReferenceVerifier(TreeVerifier):
             accept = torch.where(prep.parent_rows(row_trigger), nodes.in_top2.float(), nodes.ratio.clamp(max=1.0))
             correction = torch.where(row_trigger[:, None], probs, normalised(nodes.lowered, probs))
             return sequential(accept, drafts, correction, layout)
-        count = step.num_drafts
-        proposal, p, trigger = step.draft_dists.float(), probs[:count], row_trigger[:count, None]
+        proposal, p, trigger = step.draft_dists.float(), layout.drafted_rows(probs), layout.drafted_rows(row_trigger)[:, None]
         q_used = proposal if step.draft_probs is not None else torch.ones_like(proposal)
-        accept = torch.where(trigger, top2_mask(prep, count).float(), (p / q_used.clamp(min=1e-10)).clamp(max=1.0))
+        accept = torch.where(trigger, top2_mask(prep).float(), (p / q_used.clamp(min=1e-10)).clamp(max=1.0))
         rejected = proposal * (1.0 - accept)
         lowered = torch.minimum(p, q_used)
         kept_share = (1.0 - lowered).clamp(min=TINY)

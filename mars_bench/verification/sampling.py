@@ -11,6 +11,7 @@ finite. At temperature 0 decoding is greedy (argmax).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -105,7 +106,7 @@ def probabilities(processed: torch.Tensor, sampling: SamplingParams) -> torch.Te
     return weights.div_(weights.sum(dim=-1, keepdim=True))
 
 
-def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One token id per row of ``probs`` ([R, V], unnormalised is fine) -> LongTensor[R], no host sync.
 
     Inverse-CDF sampling: one uniform per row against the row's cumulative sum. The sum is
@@ -114,14 +115,69 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     uniform per row instead of one exponential per entry (the race vLLM uses on GPUs): on 2
     CPU cores a draw from 6 rows of 152k takes 0.7 ms this way and 18 ms as a race, which was
     more than the rest of a rejection-sampling step together.
+
+    uniform: FloatTensor[R, 1] of float64 uniforms to use (``RandomStreams.sample``), or None to
+    draw them from ``generator``.
     """
     cdf = probs.to(torch.float64).cumsum(dim=-1)
     total = cdf[..., -1:]
-    uniform = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device)
+    if uniform is None:
+        uniform = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device)
     # u < total strictly, so some entry of the cdf exceeds it; a zero-probability token
     # repeats its predecessor's cdf value and can never be the first to exceed u.
     target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+Generators = torch.Generator | Sequence[torch.Generator | None] | None
+
+
+@dataclass(frozen=True)
+class RandomStreams:
+    """Where one verification step's random numbers come from.
+
+    generators: one generator (or None: torch's default) that the whole step draws from in
+    order, or one per request of a batched step, so that a request's draws, and hence its
+    verdict, do not depend on which other requests share its batch. A request draws from its
+    stream exactly what it draws when judged alone: its nodes' uniforms, then its samples.
+    drafts_per_row: N_b per request.
+    """
+
+    generators: tuple[torch.Generator | None, ...]
+    drafts_per_row: tuple[int, ...]
+
+    @staticmethod
+    def of(generator: Generators, drafts_per_row: tuple[int, ...]) -> RandomStreams:
+        """Streams from ``generator``: one generator for the step, or a sequence of one per request."""
+        if generator is None or isinstance(generator, torch.Generator):
+            return RandomStreams((generator,), drafts_per_row)
+        generators = tuple(generator)
+        if len(generators) != len(drafts_per_row):
+            raise ValueError(
+                f"generator: got {len(generators)} generators for a batch of {len(drafts_per_row)} requests: "
+                "allowed is one generator for the step, or one per request"
+            )
+        return RandomStreams(generators, drafts_per_row)
+
+    def uniforms(
+        self, per_request: Sequence[int], device: torch.device, dtype: torch.dtype, width: tuple[int, ...] = ()
+    ) -> torch.Tensor:
+        """Uniforms in [0, 1): ``per_request[b]`` of them (each of shape ``width``) from request b's stream,
+        concatenated ([sum, *width]); one draw for all when the step has one stream."""
+        if len(self.generators) == 1:
+            return torch.rand((sum(per_request), *width), generator=self.generators[0], dtype=dtype, device=device)
+        draws = zip(per_request, self.generators)
+        return torch.cat([torch.rand((count, *width), generator=stream, dtype=dtype, device=device) for count, stream in draws])
+
+    def node_uniforms(self, device: torch.device) -> torch.Tensor:
+        """FloatTensor[N]: one float32 uniform per drafted node."""
+        return self.uniforms(self.drafts_per_row, device, torch.float32)
+
+    def sample(self, weights: torch.Tensor, per_request: Sequence[int]) -> torch.Tensor:
+        """LongTensor[R]: one token per row of ``weights`` ([R, V]), request b's ``per_request[b]``
+        rows with uniforms from its own stream (``sample_rows``)."""
+        uniform = self.uniforms(per_request, weights.device, torch.float64, (1,))
+        return sample_rows(weights, None, uniform=uniform)
 
 
 def choose_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:

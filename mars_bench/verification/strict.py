@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from mars_bench.verification.base import Reason, Verdict, Verifier, VerifyInput, register_verifier
-from mars_bench.verification.emission import TINY, Emission, greedy_emission, mix, normalised, sequential
+from mars_bench.verification.emission import TINY, Emission, greedy_emission, mix, normalised, sequential, split_emission
 from mars_bench.verification.kernels import (
     Prepared,
     at_nodes,
@@ -21,7 +21,7 @@ from mars_bench.verification.kernels import (
     target_view,
     tree_layout,
 )
-from mars_bench.verification.sampling import SamplingParams, process_logits, sample_rows
+from mars_bench.verification.sampling import Generators, RandomStreams, SamplingParams, process_logits
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def strict_accept(step: VerifyInput, prep: Prepared) -> torch.Tensor:
         p_node = at_nodes(probs, step.draft_tokens, prep.layout)
         mass = sibling_normalisers(p_node, torch.ones_like(p_node), prep.layout)
         return (p_node / mass.clamp(min=torch.finfo(mass.dtype).tiny)).clamp(max=1.0)
-    return (probs[: step.num_drafts] / step.draft_dists.float().clamp(min=TINY)).clamp(max=1.0)
+    return (prep.layout.drafted_rows(probs) / step.draft_dists.float().clamp(min=TINY)).clamp(max=1.0)
 
 
 def strict_correction(step: VerifyInput, prep: Prepared) -> torch.Tensor:
@@ -53,12 +53,13 @@ def strict_correction(step: VerifyInput, prep: Prepared) -> torch.Tensor:
     return normalised(residual_rows(prep.probs, step.draft_tokens, step.draft_dists, prep.layout), prep.probs)
 
 
-def top2_mask(prep: Prepared, count: int) -> torch.Tensor:
-    """BoolTensor[count, V]: the target's top-2 tokens of the first ``count`` rows."""
-    rows = prep.rows
-    mask = torch.zeros(count, prep.processed.shape[-1], dtype=torch.bool, device=prep.processed.device)
-    mask.scatter_(-1, rows.t1[:count, None], True)
-    return mask.scatter_(-1, rows.t2[:count, None], True)
+def top2_mask(prep: Prepared) -> torch.Tensor:
+    """BoolTensor[D, V]: the target's top-2 tokens at the rows judging a chain's D drafts."""
+    layout, rows = prep.layout, prep.rows
+    t1, t2 = layout.drafted_rows(rows.t1), layout.drafted_rows(rows.t2)
+    mask = torch.zeros(t1.shape[0], prep.processed.shape[-1], dtype=torch.bool, device=prep.processed.device)
+    mask.scatter_(-1, t1[:, None], True)
+    return mask.scatter_(-1, t2[:, None], True)
 
 
 def accept_then_correct(step: VerifyInput, prep: Prepared, accept: torch.Tensor, correction: torch.Tensor) -> Emission:
@@ -66,8 +67,7 @@ def accept_then_correct(step: VerifyInput, prep: Prepared, accept: torch.Tensor,
     drafts, per token [D, V] with ``draft_dists``) and otherwise draws from ``correction`` [N+1, V]."""
     if step.draft_dists is None:
         return sequential(accept, step.draft_tokens, correction, prep.layout)
-    count = step.num_drafts
-    return mix(step.draft_dists.float(), accept, correction[:count], prep.layout.judging_rows)
+    return mix(step.draft_dists.float(), accept, prep.layout.drafted_rows(correction), prep.layout.judging_rows)
 
 
 class TreeVerifier(Verifier):
@@ -86,7 +86,7 @@ class TreeVerifier(Verifier):
     def prepare(self, step: VerifyInput) -> tuple[VerifyInput, Prepared]:
         """Check the step and process its logits once: the common start of ``verify`` and ``emission``."""
         step.check()
-        layout = tree_layout(tuple(step.parents.tolist()), str(step.target_logits.device))
+        layout = tree_layout(tuple(step.parents.tolist()), str(step.target_logits.device), step.drafts_per_row)
         if step.draft_dists is not None and not layout.chain:
             raise ValueError(
                 "draft_dists with a tree of drafts is not supported: tree drafters propose deterministically (draft_dists=None)"
@@ -98,16 +98,27 @@ class TreeVerifier(Verifier):
         rows = view.rows
         return step, Prepared(view.processed, rows, rows.at(layout.parent_rows), layout, problems, view)
 
-    def verify(self, step: VerifyInput, *, generator: torch.Generator | None = None) -> Verdict:
+    def verify_batch(self, step: VerifyInput, *, generator: Generators = None) -> list[Verdict]:
         step, prep = self.prepare(step)
         if step.sampling.greedy:
             return self.greedy(step, prep)
-        return self.sampled(step, prep, generator)
+        return self.sampled(step, prep, RandomStreams.of(generator, prep.layout.drafts_per_row))
 
     def emission(self, step: VerifyInput) -> Emission:
         """The exact distribution P_V of the token emitted at every row that judges drafts, and the
         probability alpha_V that a draft is kept there (see ``emission.py``), under this rule and its
         settings. A row is judged as if the walk reached it. Raises ValueError on invalid input."""
+        if step.batch_size != 1:
+            raise ValueError(f"emission states one request's step, got {step.batch_size}: a batched step goes to emission_batch")
+        return self.joint_emission(step)
+
+    def emission_batch(self, step: VerifyInput) -> list[Emission]:
+        """``emission`` of each request of a batched step, in the request's own rows."""
+        layout = tree_layout(tuple(step.parents.tolist()), str(step.target_logits.device), step.drafts_per_row)
+        return split_emission(self.joint_emission(step), layout)
+
+    def joint_emission(self, step: VerifyInput) -> Emission:
+        """``emission`` of a step of one or B requests, over the batch's rows."""
         step, prep = self.prepare(step)
         raise_on_problems(prep.problems.tolist())
         if step.sampling.greedy:
@@ -123,14 +134,14 @@ class TreeVerifier(Verifier):
         no_trigger = torch.zeros_like(prep.rows.t1, dtype=torch.bool) if self.has_trigger else None
         return GreedyRule(accepted, reasons_from(accepted, Reason.EXACT), row_trigger=no_trigger)
 
-    def greedy(self, step: VerifyInput, prep: Prepared) -> Verdict:
+    def greedy(self, step: VerifyInput, prep: Prepared) -> list[Verdict]:
         rule = self.greedy_rule(step, prep)
         return finish(rule.accepted, rule.reasons, prep.rows.t1, prep, preferred=rule.preferred, row_trigger=rule.row_trigger)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         raise NotImplementedError(f"verifier {self.name} has no exact emission distribution in sampling mode")
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         raise NotImplementedError
 
 
@@ -147,8 +158,8 @@ class ExactVerifier(TreeVerifier):
 
     lossless = True
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        choices = sample_rows(prep.probs, generator)
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
+        choices = streams.sample(prep.probs, prep.layout.rows_per_request)
         accepted = step.draft_tokens == prep.parent_rows(choices)
         return finish(accepted, reasons_from(accepted, Reason.EXACT), choices, prep)
 
@@ -159,9 +170,9 @@ class ExactVerifier(TreeVerifier):
         probs = prep.probs
         if step.draft_dists is None:
             return accept_then_correct(step, prep, strict_accept(step, prep), strict_correction(step, prep))
-        count, proposal = step.num_drafts, step.draft_dists.float()
-        kept = proposal * probs[:count]
-        return Emission(kept + probs[:count] * (1.0 - proposal), kept.sum(-1), prep.layout.judging_rows)
+        proposal, drafted = step.draft_dists.float(), prep.layout.drafted_rows(probs)
+        kept = proposal * drafted
+        return Emission(kept + drafted * (1.0 - proposal), kept.sum(-1), prep.layout.judging_rows)
 
 
 @register_verifier("rejection")
@@ -178,8 +189,8 @@ class RejectionVerifier(TreeVerifier):
 
     lossless = True
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
-        strict = strict_rejection(prep.probs, step.draft_tokens, step.draft_dists, prep.layout, generator)
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
+        strict = strict_rejection(prep.probs, step.draft_tokens, step.draft_dists, prep.layout, streams)
         return finish(strict.accepted, reasons_from(strict.accepted, Reason.SAMPLED), strict.candidates, prep)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:

@@ -14,6 +14,7 @@ import torch
 from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_unit_interval, register_verifier
 from mars_bench.verification.emission import Emission
 from mars_bench.verification.kernels import Prepared, RowDraws, at_nodes, finish, reasons_from
+from mars_bench.verification.sampling import RandomStreams
 from mars_bench.verification.strict import TreeVerifier, accept_then_correct
 
 
@@ -40,12 +41,12 @@ class TypicalVerifier(TreeVerifier):
         entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)
         return torch.minimum(torch.full_like(entropy, self.params.epsilon), self.params.delta * torch.exp(-entropy))
 
-    def sampled(self, step: VerifyInput, prep: Prepared, generator: torch.Generator | None) -> Verdict:
+    def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         top, drafts = prep.nodes, step.draft_tokens
         probs = prep.probs
         accepted = at_nodes(probs, drafts, prep.layout) > prep.parent_rows(self.threshold(probs))
         accept_reason = torch.where(drafts == top.t1, int(Reason.EXACT), int(Reason.RELAXED))
-        return finish(accepted, reasons_from(accepted, accept_reason), RowDraws(probs, generator), prep)
+        return finish(accepted, reasons_from(accepted, accept_reason), RowDraws(probs, streams), prep)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         probs = prep.probs
@@ -53,6 +54,6 @@ class TypicalVerifier(TreeVerifier):
         if step.draft_dists is None:
             accept = at_nodes(probs, step.draft_tokens, prep.layout) > prep.parent_rows(threshold)
         else:
-            count = step.num_drafts
-            accept = probs[:count] > threshold[:count, None]
+            layout = prep.layout
+            accept = layout.drafted_rows(probs) > layout.drafted_rows(threshold)[:, None]
         return accept_then_correct(step, prep, accept.float(), probs)
