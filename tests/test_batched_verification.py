@@ -91,6 +91,7 @@ def chains_only(verifier) -> bool:
     return verifier.chains_only
 
 
+@pytest.mark.slow  # EXAMPLES random batches per verifier, half on each core
 @pytest.mark.parametrize("name", available_verifiers())
 def test_a_batch_gives_every_request_its_own_verdict_and_emission(name):
     verifier = get_verifier(name, **SETTINGS.get(name, {}))
