@@ -20,35 +20,28 @@ def is_chain(parents: torch.Tensor) -> bool:
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:
     """LongTensor[N]: 0 for a child of the root, parent's depth + 1 otherwise (shared: read only)."""
-    return tree_structure(tuple(parents.tolist()))[0]
-
-
-def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """BoolTensor[N, N]: [i, j] is True when node j is node i or one of its ancestors (shared: read only)."""
-    return tree_structure(tuple(parents.tolist()))[1]
+    return depths_of(tuple(parents.tolist()))
 
 
 @lru_cache(maxsize=256)
-def tree_structure(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(depths, ancestors) of a tree, computed once per shape: the engine, the tree masks and the
-    verifiers all ask for the same step's tree, and a drafter repeats its shapes step after step."""
-    count = len(parents)
-    depths = torch.zeros(count, dtype=torch.long)
-    ancestors = torch.eye(count, dtype=torch.bool)
+def depths_of(parents: tuple[int, ...]) -> torch.Tensor:
+    """``node_depths`` of a tree given as a tuple, computed once per shape (the engine and the
+    verifiers ask for the same step's tree, and a drafter repeats its shapes step after step);
+    raises ValueError where a parent does not come before its child."""
+    depths = torch.zeros(len(parents), dtype=torch.long)
     for index, parent in enumerate(parents):
         if parent >= index:
             raise ValueError(f"parents[{index}]={parent} is invalid: allowed is -1 or an index below {index} (topological order)")
         if parent >= 0:
             depths[index] = depths[parent] + 1
-            ancestors[index] |= ancestors[parent]
-    return depths, ancestors
+    return depths
 
 
 def device_tree_structure(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(depths LongTensor[N], ancestors BoolTensor[N, N]) of ``parents`` (LongTensor[N]), on its
-    device with no host sync: what ``tree_structure`` gives, for a tree whose parents need not
-    come to the host. Ancestor sets by path doubling: after r rounds every ancestor up to 2^r
-    levels above is marked, and no path is longer than N - 1. Parents are not validated."""
+    """(depths LongTensor[N], ancestors BoolTensor[N, N]: [i, j] when node j is node i or one of its
+    ancestors) of ``parents`` (LongTensor[N]), on its device with no host sync, for a tree whose
+    parents need not come to the host. Ancestor sets by path doubling: after r rounds every ancestor
+    up to 2^r levels above is marked, and no path is longer than N - 1. Parents are not validated."""
     count = parents.shape[0]
     index = torch.arange(count, device=parents.device)
     ancestors = (index[:, None] == index[None, :]) | (parents[:, None] == index[None, :])

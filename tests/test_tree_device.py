@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -22,8 +22,8 @@ from mars_bench import build_drafter
 from mars_bench.drafting.eagle3 import Eagle3Drafter, Eagle3Settings, eagle3_head_from_state, random_head_state
 from mars_bench.drafting.tree import Frontier, TreeShape, expand_tree
 from mars_bench.kvcache import tree_attention
-from mars_bench.trees import device_tree_structure, tree_structure
-from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
+from mars_bench.trees import device_tree_structure, node_depths
+from mars_bench.verification import VerifyInput, available_verifiers, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
 COMMITTED = 3  # context positions cached before the tree, for the frontier masks
@@ -168,8 +168,12 @@ def test_the_device_tree_structure_equals_the_host_one(count):
     for _ in range(20):
         parents = [int(torch.randint(-1, node, (), generator=generator)) for node in range(count)]
         depths, ancestors = device_tree_structure(torch.tensor(parents, dtype=torch.long))
-        host_depths, host_ancestors = tree_structure(tuple(parents))
-        assert torch.equal(depths, host_depths) and torch.equal(ancestors, host_ancestors)
+        host_ancestors = torch.eye(count, dtype=torch.bool)
+        for node, parent in enumerate(parents):  # a node's ancestors: its parent's, and its parent
+            if parent >= 0:
+                host_ancestors[node] |= host_ancestors[parent]
+        assert torch.equal(depths, node_depths(torch.tensor(parents, dtype=torch.long)))
+        assert torch.equal(ancestors, host_ancestors)
     chain = torch.arange(-1, count - 1)
     assert device_tree_structure(chain)[0].tolist() == list(range(count))
 
@@ -290,3 +294,32 @@ def test_a_tree_verdict_reaches_the_host_in_one_transfer(name, sampling):
     plain = VerifyInput(drafts, parents, logits, sampling, draft_probs=probs)
     expected = verifier.verify(plain, generator=torch.Generator().manual_seed(1))
     assert torch.equal(verdict.accepted, expected.accepted) and verdict.next_token == expected.next_token
+
+
+def ragged_batch(chains_only: bool, sampling: SamplingParams) -> list[VerifyInput]:
+    """Four requests' steps of different shapes: a tree (or a chain), a longer chain, no drafts, one draft."""
+    generator = torch.Generator().manual_seed(4)
+    shapes = [[-1, 0, 1] if chains_only else [-1, -1, 0, 1, 1], [-1, 0, 1, 2, 3], [], [-1]]
+    steps = []
+    for parents in shapes:
+        logits = torch.randn(len(parents) + 1, 24, generator=generator) * 3
+        drafts = torch.randperm(24, generator=generator)[: len(parents)]
+        probs = torch.rand(len(parents), generator=generator)
+        steps.append(VerifyInput(drafts, torch.tensor(parents, dtype=torch.long), logits, sampling, draft_probs=probs))
+    return steps
+
+
+@pytest.mark.parametrize("name", available_verifiers())
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=1.0)])
+def test_a_batch_of_four_requests_reaches_the_host_in_one_transfer(name, sampling):
+    verifier = get_verifier(name)
+    batch = batch_steps(ragged_batch(verifier.chains_only, sampling))
+    on_device = replace(batch, draft_tokens=batch.draft_tokens.as_subclass(OnDevice),
+                        target_logits=batch.target_logits.as_subclass(OnDevice),
+                        draft_probs=batch.draft_probs.as_subclass(OnDevice))  # fmt: skip
+    streams = [torch.Generator().manual_seed(request) for request in range(4)]
+    with torch.inference_mode(), HostSyncs(only_on_device=True) as syncs:
+        verdicts = verifier.verify_batch(on_device, generator=streams)
+    assert syncs.count == 1, dict(syncs.calls)
+    expected = verifier.verify_batch(batch, generator=[torch.Generator().manual_seed(request) for request in range(4)])
+    assert [(v.accepted.tolist(), v.next_token) for v in verdicts] == [(v.accepted.tolist(), v.next_token) for v in expected]

@@ -81,11 +81,11 @@ class ChainRule(TreeVerifier):
         """``row_rule`` of this step, kept for the next call on the same target logits and proposal:
         ``verify`` and ``emission`` of one step, or many verdicts drawn from one step, solve the
         rule once (``mentored`` solves for its constants)."""
-        logits = (step.target_logits, version_of(step.target_logits), step.sampling)
+        logits = (step.target_logits, version_of(step.target_logits), step.sampling, step.drafts_per_row)
         if step.draft_dists is not None:  # the rule reads the proposal's distributions only
             key = (*logits, step.draft_dists)
-        else:  # one-hot proposals at the drafts, with the drafter's confidence in draft_probs
-            key = (*logits, tuple(step.draft_tokens.tolist()), step.draft_probs)
+        else:  # one-hot proposals at the drafts (the same tensor, unchanged: no host read), and draft_probs
+            key = (*logits, step.draft_tokens, version_of(step.draft_tokens), step.draft_probs)
         cached = getattr(self, "_rule_cache", None)
         if cached is not None and len(cached[0]) == len(key) and all(map(same, cached[0], key)):
             return cached[1]

@@ -7,13 +7,13 @@ Every verifier computes, for all N drafted nodes at once, whether the node would
 accepted if the walk reached it, and why, and for every row which token to emit if the
 walk stops there. ``finish`` then walks the tree: from each accepted node the walk takes
 the first accepted child (in draft order, or in the verifier's order of preference) and
-stops where no child is accepted. The result goes to the host in one transfer.
+stops where no child is accepted. The result goes to the host in one transfer. A chain is
+the tree with one child per node, for which the walk is the longest accepted prefix.
 
 A step may hold B requests (``VerifyInput.drafts_per_row``): their drafts and target-logits
 rows one after another, judged together as a forest (``TreeLayout``). Every per-node and
 per-row computation is the same for a forest; shapes written [N+1, ...] below have N + B rows
-then. Each request draws its random numbers from its own stream (``sampling.RandomStreams``). A chain is
-the tree with one child per node, for which the walk is the longest accepted prefix.
+then. Each request draws its random numbers from its own stream (``sampling.RandomStreams``).
 
 Siblings are tried one after another, so a sampling verifier's test of a sibling assumes
 the earlier siblings were rejected; ``sibling_normalisers`` gives the probability mass left
@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-from mars_bench.trees import tree_structure
+from mars_bench.trees import depths_of
 from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
 from mars_bench.verification.sampling import RandomStreams, SamplingParams, probabilities
 
@@ -143,7 +143,7 @@ def tree_layout(parents: tuple[int, ...], device: str, drafts_per_row: tuple[int
     node_starts, root_rows, chain, start = [], [], True, 0
     for request, count in enumerate(counts):
         local = parents[start : start + count]
-        depths += tree_structure(local)[0].tolist()  # validates the order
+        depths += depths_of(local).tolist()  # validates the order
         chain = chain and local == tuple(range(-1, count - 1))
         root = start + request
         node_starts.append(start)
