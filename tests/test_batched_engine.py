@@ -1,0 +1,89 @@
+"""The batched engine (``decoding/batched.decode_batch``): B prompts of different lengths decoded together give
+each prompt what ``decode`` gives it alone: token for token in fp32 greedy decoding (the AR baseline and lookup
+drafts verified by ``exact``), and the same samples under ``rejection`` with the same per-prompt seeds, since a
+row draws from its own stream. Rows leave the batch as they stop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import SHARED_DATA, tiny_model
+
+from mars_bench import build_drafter
+from mars_bench.decoding import decode
+from mars_bench.decoding.batched import decode_batch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", seed=0, layers=4, vocab=96)
+
+
+def mixed_prompts() -> list[list[int]]:
+    """Four prompts of 3 to 28 tokens, with repeats for prompt lookup to find."""
+    generator = torch.Generator().manual_seed(1)
+    base = torch.randint(0, 96, (12,), generator=generator).tolist()
+    return [base * 2, base[:5] * 3, base[:3], torch.randint(0, 96, (20,), generator=generator).tolist() + base[:4] * 2]
+
+
+@pytest.mark.parametrize(("drafter", "verifier", "temperature"), [
+    ("lookup", "exact", 0.0), ("lookup", "rejection", 1.0), (None, None, 0.0), (None, None, 1.0),
+])  # fmt: skip
+def test_a_batch_decodes_each_prompt_as_decode_does_alone(tiny, drafter, verifier, temperature):
+    prompts = mixed_prompts()
+    drafts = build_drafter(drafter) if drafter else None
+    settings = {"max_new_tokens": 24, "gamma": 4, "temperature": temperature}
+    alone = [decode(tiny, drafts, verifier, prompt, seed=seed, **settings) for seed, prompt in enumerate(prompts)]
+    together = decode_batch(tiny, drafts, verifier, prompts, seeds=range(len(prompts)), **settings)
+    assert [result.tokens for result in together] == [result.tokens for result in alone]
+    assert [[s.accepted for s in r.steps] for r in together] == [[s.accepted for s in r.steps] for r in alone]
+    assert [result.prompt_len for result in together] == [len(prompt) for prompt in prompts]
+
+
+def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
+    prompts = mixed_prompts()
+    lookup = build_drafter("lookup")
+    free = decode_batch(tiny, lookup, "exact", prompts, max_new_tokens=24, gamma=4)
+    stop = free[2].tokens[5]  # the third prompt stops at its sixth token
+    alone = [decode(tiny, lookup, "exact", prompt, max_new_tokens=24, gamma=4, stop_token_ids=[stop]) for prompt in prompts]
+    together = decode_batch(tiny, lookup, "exact", prompts, max_new_tokens=24, gamma=4, stop_token_ids=[stop])
+    assert [result.tokens for result in together] == [result.tokens for result in alone]
+    assert together[2].stop_reason == "stop_token" and len(together[2].tokens) <= 6
+    assert [result.stop_reason for result in together] == [result.stop_reason for result in alone]
+    assert together[2].decode_s < max(result.decode_s for result in together)  # its latency ends where it stops
+
+
+def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
+    model_drafter = build_drafter("model", model=tiny_model("llama", seed=3, layers=2), vocab_size=96)
+    with pytest.raises(ValueError, match="drafter='model' is not batched yet \\(batch_size > 1\\): allowed are none, lookup"):
+        decode_batch(tiny, model_drafter, "exact", [[1, 2, 3]])
+    with pytest.raises(ValueError, match="prompts is empty"):
+        decode_batch(tiny, None, None, [])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        decode_batch(tiny, None, None, [[1, 2], []])
+    with pytest.raises(ValueError, match="seeds: got 1 for 2 prompts"):
+        decode_batch(tiny, None, None, [[1, 2], [3]], seeds=[0])
+
+
+@pytest.mark.slow  # SmolLM2 in fp32: 8 prompts decoded alone, then 2 and 4 at a time
+def test_smollm2_greedy_at_batch_2_and_4_equals_each_prompt_alone_on_humaneval_and_mt_bench(smollm):
+    from mars_bench.models import stop_token_ids
+    from mars_bench.perf.suite import first_turn_prompts
+
+    data = str(SHARED_DATA) if SHARED_DATA.is_dir() else None
+    prompts = [prompt for task in ("humaneval", "mt_bench") for prompt in first_turn_prompts(smollm.tokenizer, task, 4, data)]
+    assert len({len(prompt) for prompt in prompts}) == 8  # mixed lengths
+    settings = {"max_new_tokens": 8, "gamma": 5, "stop_token_ids": stop_token_ids(smollm)}
+    lookup = build_drafter("lookup")
+    alone = [decode(smollm.model, lookup, "exact", prompt, **settings).tokens for prompt in prompts]
+    assert sum(len(tokens) for tokens in alone) == 8 * 8
+    for size in (2, 4):
+        batches = [prompts[start : start + size] for start in range(0, len(prompts), size)]
+        results = [result for batch in batches for result in decode_batch(smollm.model, lookup, "exact", batch, **settings)]
+        together = [result.tokens for result in results]
+        assert together == alone, f"batch size {size}"
+        assert sum(result.accepted for result in results) > 0  # lookup's drafts were kept, not only rejected
+    baseline = [result.tokens for result in decode_batch(smollm.model, None, None, prompts[::2], **settings)]
+    assert baseline == alone[::2]  # the AR baseline at batch 4: the target's greedy decode, as exact's
