@@ -103,3 +103,44 @@ def cached_forward(
 def cached_logits(model: Any, tokens: torch.Tensor, cache: Any, *, last_only: bool = False) -> torch.Tensor:
     """Logits only: ``cached_forward`` for a chain with no hidden states."""
     return cached_forward(model, tokens, cache, last_only=last_only)[0]
+
+
+def batch_forward(
+    model: Any, cache: Any, attended: torch.Tensor, tokens: torch.Tensor, fed: torch.Tensor, logits_to_keep: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [B, n, V] (the last ``logits_to_keep`` slots' if > 0) for ``tokens`` [B, n] appended to a
+    batch's ``cache``, and the cached positions each row attends to afterwards.
+
+    attended: BoolTensor[B, cached], the cached positions each row sees (a rejected draft's
+    position is masked, not removed: ``decoding/batched.py``). fed: BoolTensor[B, n], the real
+    (not padded) slots; each attends to its row's attended positions and the real slots before it,
+    and a padded slot is attended by nothing. A real slot's position id counts the positions its row
+    attends to before it, so a row's rotary positions are those it would have alone. All on the
+    model's device, where the 4D additive mask and the positions are built.
+    """
+    count = tokens.shape[1]
+    causal = torch.ones(count, count, dtype=torch.bool, device=tokens.device).tril()
+    allowed = torch.cat([attended[:, None, :].expand(-1, count, -1), causal[None] & fed[:, None, :]], dim=2)
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=tokens.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    positions = attended.long().sum(dim=1, keepdim=True) + (fed.long().cumsum(dim=1) - 1).clamp(min=0)
+    # As in cached_forward: the kept slots as a tensor, since an integer slices a view that sends the head down a slow path.
+    keep = torch.arange(count - logits_to_keep, count, device=tokens.device) if logits_to_keep else 0
+    out = model(input_ids=tokens, attention_mask=mask[:, None], position_ids=positions, cache=cache, use_cache=True,
+                logits_to_keep=keep)  # fmt: skip
+    return out.logits, torch.cat([attended, fed], dim=1)
+
+
+def select_batch_rows(cache: Any, attended: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Keep only ``rows`` of a batch's cache (in place) and of ``attended`` (returned)."""
+    if len(rows) == attended.shape[0]:
+        return attended
+    selected = torch.tensor(rows, dtype=torch.long, device=attended.device)
+    cache.batch_select_indices(selected)
+    return attended.index_select(0, selected)
+
+
+def crop_batch(cache: Any, attended: torch.Tensor, length: int) -> torch.Tensor:
+    """Drop a batch's cached positions past ``length`` (no row attends to them); returns ``attended`` cut to match."""
+    crop_to(cache, length)
+    return attended[:, :length]

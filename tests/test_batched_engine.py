@@ -1,9 +1,11 @@
 """The batched engine (``decoding/batched.decode_batch``): B prompts of different lengths decoded together give
-each prompt what ``decode`` gives it alone: token for token in fp32 greedy decoding (the AR baseline and lookup
-drafts verified by ``exact``), and the same samples under ``rejection`` with the same per-prompt seeds, since a
-row draws from its own stream. Rows leave the batch as they stop."""
+each prompt what ``decode`` gives it alone: token for token in fp32 greedy decoding (the AR baseline, lookup
+drafts and a draft model, verified by ``exact``), and the same samples under ``rejection`` and ``mars`` with the
+same per-prompt seeds, since a row draws from its own stream. Rows leave the batch as they stop."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from conftest import SHARED_DATA, tiny_model
 from mars_bench import build_drafter
 from mars_bench.decoding import decode
 from mars_bench.decoding.batched import decode_batch
+from mars_bench.drafting.model import ModelDrafter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -28,18 +31,47 @@ def mixed_prompts() -> list[list[int]]:
     return [base * 2, base[:5] * 3, base[:3], torch.randint(0, 96, (20,), generator=generator).tolist() + base[:4] * 2]
 
 
+def near_copy(model, scale: float = 0.03):
+    """``model`` with every weight moved by Gaussian noise: a drafter that agrees with it only part of the time."""
+    drafter = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for parameter in drafter.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    return drafter
+
+
+def drafter_for(name: str | None, tiny):
+    """The drafter ``name`` (``model``: a near copy of the target; ``model-confidence``: the same,
+    stopping below q 0.5), or None for the AR baseline."""
+    if name is None or name == "lookup":
+        return build_drafter(name) if name else None
+    return ModelDrafter(near_copy(tiny), 96, 0.5 if name == "model-confidence" else None)
+
+
+SLOW = pytest.mark.slow  # a draft model's forwards: 1 to 2.5 s each on the 2-core machine
+
+
 @pytest.mark.parametrize(("drafter", "verifier", "temperature"), [
     ("lookup", "exact", 0.0), ("lookup", "rejection", 1.0), (None, None, 0.0), (None, None, 1.0),
+    pytest.param("model", "exact", 0.0, marks=SLOW), pytest.param("model", "rejection", 1.0, marks=SLOW),
+    pytest.param("model-confidence", "exact", 0.0, marks=SLOW),
+    pytest.param("model-confidence", "rejection", 1.0, marks=SLOW), pytest.param("model-confidence", "mars", 0.7, marks=SLOW),
 ])  # fmt: skip
 def test_a_batch_decodes_each_prompt_as_decode_does_alone(tiny, drafter, verifier, temperature):
-    prompts = mixed_prompts()
-    drafts = build_drafter(drafter) if drafter else None
+    prompts = [*mixed_prompts(), [5]]  # a one-token prompt too: nothing for the draft model to prefill
+    drafts = drafter_for(drafter, tiny)
     settings = {"max_new_tokens": 24, "gamma": 4, "temperature": temperature}
     alone = [decode(tiny, drafts, verifier, prompt, seed=seed, **settings) for seed, prompt in enumerate(prompts)]
     together = decode_batch(tiny, drafts, verifier, prompts, seeds=range(len(prompts)), **settings)
     assert [result.tokens for result in together] == [result.tokens for result in alone]
     assert [[s.accepted for s in r.steps] for r in together] == [[s.accepted for s in r.steps] for r in alone]
     assert [result.prompt_len for result in together] == [len(prompt) for prompt in prompts]
+    if drafter and drafter.startswith("model"):  # drafts were kept and rejected, and stopped early with confidence
+        steps = [step for result in together for step in result.steps]
+        assert 0 < sum(step.accepted for step in steps) < sum(step.drafted for step in steps)
+        if drafter == "model-confidence":
+            assert any(0 < step.drafted < 4 for step in steps)
 
 
 def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
@@ -56,9 +88,10 @@ def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
 
 
 def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
-    model_drafter = build_drafter("model", model=tiny_model("llama", seed=3, layers=2), vocab_size=96)
-    with pytest.raises(ValueError, match="drafter='model' is not batched yet \\(batch_size > 1\\): allowed are none, lookup"):
-        decode_batch(tiny, model_drafter, "exact", [[1, 2, 3]])
+    tree = build_drafter("model_tree", model=tiny_model("llama", seed=3, layers=2), vocab_size=96)
+    refused = "drafter='model_tree' is not batched yet \\(batch_size > 1\\): allowed are none, lookup, model"
+    with pytest.raises(ValueError, match=refused):
+        decode_batch(tiny, tree, "exact", [[1, 2, 3]])
     with pytest.raises(ValueError, match="prompts is empty"):
         decode_batch(tiny, None, None, [])
     with pytest.raises(ValueError, match="prompt 1 is empty"):

@@ -12,8 +12,9 @@ rejected draft's position is masked, not removed, so no step copies the cache; t
 every row's accepted path are cropped. A row's position ids count its own valid positions, so its
 rotary positions are those it has decoded alone. Masks and positions are built on the device.
 
-This step batches the AR baseline (no drafter) and the drafters that hold no per-sequence state on
-a device: ``lookup``. The model drafters come next; ``check_batch_drafter`` refuses the others.
+The drafters batched so far are the chain drafters ``lookup`` (per row: it has no state) and
+``model`` (one batched draft-model forward per draft position, ``drafting/batched.py``);
+``check_batch_drafter`` refuses the others in one line.
 """
 
 from __future__ import annotations
@@ -30,19 +31,11 @@ from mars_bench.decoding.draft_length import DEFAULT_LENGTH
 from mars_bench.decoding.engine import DecodeSettings, chain_parents, cut_at_stop
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter
-from mars_bench.kvcache import check_tree_attention
+from mars_bench.drafting.batched import batch_drafter, check_batch_drafter
+from mars_bench.kvcache import batch_forward, check_tree_attention, crop_batch, select_batch_rows
 from mars_bench.placement import input_device
 from mars_bench.verification import Verifier, VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
-
-BATCHED_DRAFTERS = ("lookup",)  # drafters batched so far, besides none (the AR baseline)
-
-
-def check_batch_drafter(drafter: Drafter | None) -> None:
-    """ValueError, in one line, for a drafter ``decode_batch`` does not batch yet."""
-    if drafter is not None and drafter.name not in BATCHED_DRAFTERS:
-        allowed = ", ".join(("none", *BATCHED_DRAFTERS))
-        raise ValueError(f"drafter={drafter.name!r} is not batched yet (batch_size > 1): allowed are {allowed}")
 
 
 @dataclass
@@ -106,32 +99,15 @@ def decode_batch(
     return _Batch(target, drafter, verifier, sampling, settings, device, pad_token_id).run(rows)
 
 
-def additive_batch_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The 4D additive mask [B, 1, q, kv] for ``allowed`` [B, q, kv] (0 = attend, dtype min = blocked)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
-
-
 class _Batch:
     """The rows still decoding, their shared cache and which cached positions each attends to."""
 
-    def __init__(self, target, drafter, verifier, sampling, settings, device, pad_token_id) -> None:  # noqa: ANN001
-        self.target, self.drafter, self.verifier = target, drafter, verifier
+    def __init__(self, target, drafter, verifier, sampling, settings, device, pad_token_id) -> None:
+        self.target, self.verifier = target, verifier
+        self.drafts = batch_drafter(drafter)
         self.sampling, self.settings, self.device, self.pad = sampling, settings, device, pad_token_id
-        self.dtype = target.get_input_embeddings().weight.dtype
         self.cache = DynamicCache(config=target.config)
         self.attended = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [B, cached]: positions each row sees
-
-    def forward(self, tokens: torch.Tensor, fed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits [B, n, V] for ``tokens`` [B, n] appended to the cache; ``fed`` [B, n]: the real (not
-        padded) slots, each attending to its row's valid positions and the real slots before it."""
-        count = tokens.shape[1]
-        causal = torch.ones(count, count, dtype=torch.bool, device=self.device).tril()
-        new = causal[None] & fed[:, None, :]
-        allowed = torch.cat([self.attended[:, None, :].expand(-1, count, -1), new], dim=2)
-        out = self.target(input_ids=tokens, attention_mask=additive_batch_mask(allowed, self.dtype),
-                          position_ids=positions, cache=self.cache, use_cache=True)  # fmt: skip
-        return out.logits
 
     def run(self, rows: list[_Row]) -> list[DecodeResult]:
         start = time.perf_counter()
@@ -151,12 +127,9 @@ class _Batch:
                              row.reason or "max_new_tokens") for row in rows]  # fmt: skip
 
     def keep(self, indices: list[int]) -> None:
-        """Only the rows ``indices`` (of the current batch) stay in the cache and the masks."""
-        if len(indices) == self.attended.shape[0]:
-            return
-        selected = torch.tensor(indices, dtype=torch.long, device=self.device)
-        self.cache.batch_select_indices(selected)
-        self.attended = self.attended.index_select(0, selected)
+        """Only the rows ``indices`` (of the current batch) stay in the cache, the masks and the drafter."""
+        self.attended = select_batch_rows(self.cache, self.attended, indices)
+        self.drafts.keep(indices)
 
     def prefill(self, rows: list[_Row]) -> list[_Row]:
         """The prompts, left-padded, in one forward; each row's first token. Returns the rows it finished."""
@@ -166,16 +139,12 @@ class _Batch:
         for index, row in enumerate(rows):
             tokens[index, longest - len(row.prompt) :] = row.prompt
             fed[index, longest - len(row.prompt) :] = True
-        tokens, fed = tokens.to(self.device), fed.to(self.device)
-        causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
-        allowed = causal[None] & fed[:, None, :]
-        positions = (fed.long().cumsum(dim=1) - 1).clamp(min=0)
-        out = self.target(input_ids=tokens, attention_mask=additive_batch_mask(allowed, self.dtype), position_ids=positions,
-                          cache=self.cache, use_cache=True, logits_to_keep=1)  # fmt: skip
-        self.attended = fed
+        empty = torch.zeros(len(rows), 0, dtype=torch.bool, device=self.device)
+        logits, self.attended = batch_forward(self.target, self.cache, empty, tokens.to(self.device), fed.to(self.device), 1)
+        self.drafts.begin([row.prompt for row in rows])
         finished = []
         for index, row in enumerate(rows):
-            first = int(choose_tokens(out.logits[index, -1:], self.sampling, row.generator)[0])
+            first = int(choose_tokens(logits[index, -1:], self.sampling, row.generator)[0])
             row.tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
             row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
             row.valid = len(row.prompt)
@@ -187,7 +156,7 @@ class _Batch:
     def step(self, rows: list[_Row], start: float) -> None:
         """One draft -> target forward -> verify -> commit step for every row in the batch."""
         clock = time.perf_counter()
-        drafts = [self.draft(row) for row in rows]
+        drafts = self.draft(rows)
         draft_s = time.perf_counter() - clock
         width = 1 + max(len(tokens) for tokens, _ in drafts)
         tokens = torch.full((len(rows), width), self.pad, dtype=torch.long)
@@ -195,32 +164,31 @@ class _Batch:
         for index, (row, (drafted, _)) in enumerate(zip(rows, drafts)):
             tokens[index, : len(drafted) + 1] = torch.tensor([int(row.context[-1]), *drafted])
             fed[index, : len(drafted) + 1] = True
-        tokens, fed = tokens.to(self.device), fed.to(self.device)
-        valid = torch.tensor([row.valid for row in rows], device=self.device)
-        logits = self.forward(tokens, fed, valid[:, None] + torch.arange(width, device=self.device))
+        logits, attended = batch_forward(self.target, self.cache, self.attended, tokens.to(self.device), fed.to(self.device))
         target_s = time.perf_counter() - clock - draft_s
         verdicts = self.verify(rows, drafts, logits)
         verify_s = time.perf_counter() - clock - draft_s - target_s
-        kept = torch.tensor([verdict.accepted_len + 1 for verdict in verdicts], device=self.device)
         # The root and the accepted drafts stay attended; rejected and padded slots never are again.
-        self.attended = torch.cat([self.attended, torch.arange(width, device=self.device)[None] < kept[:, None]], dim=1)
-        cached = self.attended.shape[1] - width + max(verdict.accepted_len for verdict in verdicts) + 1
-        self.crop(cached)
+        kept = torch.tensor([verdict.accepted_len + 1 for verdict in verdicts], device=self.device)
+        attended[:, -width:] &= torch.arange(width, device=self.device)[None] < kept[:, None]
+        cached = attended.shape[1] - width + max(verdict.accepted_len for verdict in verdicts) + 1
+        self.attended = crop_batch(self.cache, attended, cached)
+        self.drafts.accept([verdict.accepted_len for verdict in verdicts])
         for row, (drafted, _), verdict in zip(rows, drafts, verdicts):
             self.commit(row, drafted, verdict, (draft_s, target_s, verify_s), start)
 
-    def draft(self, row: _Row) -> tuple[list[int], Any]:
-        """The row's drafts (host token ids) and its ``Draft`` (None without drafts)."""
-        budget = self.settings.max_new_tokens - len(row.tokens)
-        max_drafts = min(self.settings.gamma, budget - 1)
-        if self.drafter is None or max_drafts <= 0:
-            return [], None
-        draft = self.drafter.propose(row.context, max_drafts, self.sampling, row.generator)
-        return draft.token_list(), draft if len(draft) else None
+    def draft(self, rows: list[_Row]) -> list[tuple[list[int], Any]]:
+        """Each row's drafts (host token ids) and its ``Draft`` (None without drafts)."""
+        limits = [min(self.settings.gamma, self.settings.max_new_tokens - len(row.tokens) - 1) for row in rows]
+        proposed = self.drafts.propose([row.context for row in rows], limits, self.sampling, [row.generator for row in rows])
+        return [([], None) if draft is None or not len(draft) else (draft.token_list(), draft) for draft in proposed]
 
     def verify(self, rows: list[_Row], drafts: list[tuple[list[int], Any]], logits: torch.Tensor) -> list[Any]:
         """Every row's verdict from one ``verify_batch`` call, each row judged on its own logits rows."""
         steps = []
+        # A sampling model drafter gives its distributions; then every row carries some (none: [0, V]).
+        with_dists = any(draft is not None and draft.dists is not None for _, draft in drafts)
+        no_dists = torch.zeros(0, logits.shape[-1], device=self.device)
         for index, (drafted, draft) in enumerate(drafts):
             count = len(drafted)
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
@@ -230,6 +198,7 @@ class _Batch:
                 target_logits=logits[index, : count + 1],
                 sampling=self.sampling,
                 draft_probs=self.probs_of(draft, count),
+                draft_dists=(draft.dists if draft is not None else no_dists) if with_dists else None,
             ))  # fmt: skip
         verifier = self.verifier or get_verifier("exact")  # the AR baseline: no drafts, so only the next token
         return verifier.verify_batch(batch_steps(steps), generator=[row.generator for row in rows])
@@ -239,13 +208,6 @@ class _Batch:
         if draft is not None and draft.probs is not None:
             return draft.probs.float()
         return torch.ones(count, device=self.device)
-
-    def crop(self, length: int) -> None:
-        """Drop the cached positions no row attends to past ``length``."""
-        surplus = self.cache.get_seq_length() - length
-        if surplus > 0:
-            self.cache.crop(-surplus)
-        self.attended = self.attended[:, :length]
 
     def commit(self, row: _Row, drafted: list[int], verdict: Any, seconds: tuple[float, float, float], start: float) -> None:
         """The row's accepted drafts and next token, cut at a stop token and the budget; its step record."""

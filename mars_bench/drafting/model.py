@@ -73,7 +73,7 @@ class ModelDrafter(Drafter):
             return rows[..., :width]
         return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]), value=fill)
 
-    def _draft_probs(self, logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_probs(self, logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """(processed logits, q) for drafter logits [R, V'] (fitted to the target's width).
         Greedy drafts still report q under softmax(logits): a confidence for draft-length
         policies and the tree drafter's scores."""
@@ -95,7 +95,7 @@ class ModelDrafter(Drafter):
         feed = context[self.cached_valid :].to(self.device)
         tokens, token_probs, dists = [], [], []
         for _ in range(max_drafts):
-            processed, probs = self._draft_probs(self._forward(feed)[None], sampling)
+            processed, probs = self.draft_probs(self._forward(feed)[None], sampling)
             token = torch.argmax(processed, dim=-1) if sampling.greedy else sample_rows(probs, generator)
             tokens.append(token)
             token_probs.append(probs.gather(-1, token[:, None])[:, 0])
@@ -158,12 +158,12 @@ class TreeModelDrafter(ModelDrafter):
     ) -> Draft:
         shape = TreeShape.for_step(max_drafts, self.settings.top_k, self.settings.tree_tokens)
         self._rewind()
-        _, root_probs = self._draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
+        _, root_probs = self.draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
         self.cached_valid = self.cached_total  # the whole context is cached now
 
         def next_logprobs(frontier: Frontier) -> torch.Tensor:
             logits, _ = cached_forward(self.model, frontier.tokens, self.cache, attention=frontier.attention(self.cached_valid))
-            return torch.log(self._draft_probs(logits, sampling)[1])
+            return torch.log(self.draft_probs(logits, sampling)[1])
 
         tree = expand_tree(torch.log(root_probs[0]), next_logprobs, shape)
         self._rewind()

@@ -1,0 +1,180 @@
+"""Drafters over a batch of B rows (``decoding/batched.py``): the same drafts each row gets alone.
+
+``batch_drafter`` wraps a one-sequence drafter: ``lookup`` proposes per row (it keeps no state and
+costs no forward), ``model`` drafts every row with one batched draft-model forward per draft position
+(``BatchedModelDrafts``). Every other drafter is refused in one line (``check_batch_drafter``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from mars_bench.drafting.base import Draft, Drafter
+from mars_bench.kvcache import batch_forward, crop_batch, select_batch_rows
+from mars_bench.verification.sampling import RandomStreams, SamplingParams
+
+BATCHED_DRAFTERS = ("lookup", "model")  # besides none (the AR baseline)
+
+
+def check_batch_drafter(drafter: Drafter | None) -> None:
+    """ValueError, in one line, for a drafter the batched engine does not batch yet."""
+    if drafter is not None and drafter.name not in BATCHED_DRAFTERS:
+        allowed = ", ".join(("none", *BATCHED_DRAFTERS))
+        raise ValueError(f"drafter={drafter.name!r} is not batched yet (batch_size > 1): allowed are {allowed}")
+
+
+class RowDrafts:
+    """A drafter with no per-sequence state, asked row by row (``lookup``; none: no drafts).
+
+    The interface of every batched drafter: ``begin`` with the rows' prompts, ``propose`` for each
+    row (at most ``limits[b]`` drafts; a Draft or None), ``accept`` each row's accepted count, and
+    ``keep`` when rows leave the batch.
+    """
+
+    def __init__(self, drafter: Drafter | None) -> None:
+        self.drafter = drafter
+
+    def begin(self, prompts: Sequence[torch.Tensor]) -> None:
+        """Nothing to prefill."""
+
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
+        if self.drafter is None:
+            return [None] * len(contexts)
+        draws = zip(contexts, limits, generators)
+        return [self.drafter.propose(context, limit, sampling, stream) if limit > 0 else None for context, limit, stream in draws]
+
+    def accept(self, accepted: Sequence[int]) -> None:
+        """Nothing to keep."""
+
+    def keep(self, rows: list[int]) -> None:
+        """Nothing to drop."""
+
+
+class BatchedModelDrafts(RowDrafts):
+    """``model`` drafting B rows at once, with the one-sequence drafter's model, vocabulary fit and
+    confidence stop (``ModelDrafter``): each row's drafts are those it drafts alone, up to the
+    numerics of a batched matmul.
+
+    As alone, a row's cache holds its committed tokens but the newest, plus its fed drafts; a
+    draft position its verdict rejects is masked for that row (the batched engine's scheme), and the
+    positions no row attends to are cropped. A step feeds each row's new tokens in one forward, then
+    one token per row per further draft position; a row that has stopped drafting is fed a masked pad.
+    """
+
+    def __init__(self, drafter: Any) -> None:
+        super().__init__(drafter)
+        self.model = drafter.model
+        self.device = drafter.device
+        self.cache = DynamicCache(config=self.model.config)
+        self.attended = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        self.valid: list[int] = []  # per row: committed tokens cached (its context less what must be fed)
+        self.context_lengths: list[int] = []  # per row: its context's length at the last proposal
+        self.draft_columns: list[list[int]] = []  # per row: the cache columns its fed drafts went to
+        self.fed: list[bool] = []  # per row: whether the last proposal fed it (it had drafts to make)
+        self.feed_end = 0  # the cache's width after the last proposal's first forward
+
+    def begin(self, prompts: Sequence[torch.Tensor]) -> None:
+        """Every prompt but its last token, left-padded, in one forward (the last is fed with the first draft)."""
+        longest = max(len(prompt) - 1 for prompt in prompts)
+        tokens = torch.zeros(len(prompts), max(longest, 1), dtype=torch.long)
+        fed = torch.zeros(len(prompts), max(longest, 1), dtype=torch.bool)
+        for index, prompt in enumerate(prompts):
+            if len(prompt) > 1:
+                tokens[index, longest - len(prompt) + 1 : longest] = prompt[:-1]
+                fed[index, longest - len(prompt) + 1 : longest] = True
+        empty = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)
+        _, self.attended = batch_forward(self.model, self.cache, empty, tokens.to(self.device), fed.to(self.device), 1)
+        self.valid = [len(prompt) - 1 for prompt in prompts]
+        self.draft_columns = [[] for _ in prompts]
+
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
+        rows = len(contexts)
+        logits = self.feed(contexts, limits)
+        drafting = list(self.fed)
+        tokens_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
+        probs_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
+        dists_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
+        for depth in range(max(limits, default=0)):
+            processed, probs = self.drafter.draft_probs(logits, sampling)
+            token = torch.argmax(processed, dim=-1)
+            if not sampling.greedy:  # only the rows still drafting draw, each from its own stream, as alone
+                active = [index for index in range(rows) if drafting[index]]
+                streams = RandomStreams(tuple(generators[index] for index in active), (1,) * len(active))
+                chosen = torch.tensor(active, device=self.device)
+                token = token.index_copy(0, chosen, streams.sample(probs.index_select(0, chosen), (1,) * len(active)))
+            q = probs.gather(-1, token[:, None])[:, 0]
+            confident = [True] * rows
+            if self.drafter.min_confidence is not None:
+                confident = [value >= self.drafter.min_confidence for value in q.tolist()]  # one host read per position
+            for index in range(rows):
+                if drafting[index]:
+                    tokens_per_row[index].append(token[index : index + 1])
+                    probs_per_row[index].append(q[index : index + 1])
+                    if not sampling.greedy:
+                        dists_per_row[index].append(probs[index : index + 1])
+                    drafting[index] = depth + 1 < limits[index] and confident[index]
+            if not any(drafting):
+                break
+            column = self.attended.shape[1]
+            for index in range(rows):
+                if drafting[index]:
+                    self.draft_columns[index].append(column)
+            fed = torch.tensor(drafting, device=self.device)[:, None]
+            logits, self.attended = batch_forward(self.model, self.cache, self.attended, token[:, None], fed)
+            logits = logits[:, -1]
+        return [
+            Draft(tokens=torch.cat(row_tokens), probs=torch.cat(row_probs), dists=torch.cat(row_dists) if row_dists else None)
+            if row_tokens
+            else None
+            for row_tokens, row_probs, row_dists in zip(tokens_per_row, probs_per_row, dists_per_row)
+        ]
+
+    def feed(self, contexts: Sequence[torch.Tensor], limits: Sequence[int]) -> torch.Tensor:
+        """Each drafting row's tokens not cached yet, right-padded, in one forward: its next-token logits [B, V']."""
+        feeds = [context[valid:] for context, valid in zip(contexts, self.valid)]
+        width = max(len(feed) for feed in feeds)
+        tokens = torch.zeros(len(contexts), width, dtype=torch.long)
+        fed = torch.zeros(len(contexts), width, dtype=torch.bool)
+        for index, (feed, limit) in enumerate(zip(feeds, limits)):
+            if limit > 0:
+                tokens[index, : len(feed)] = feed
+                fed[index, : len(feed)] = True
+        logits, self.attended = batch_forward(self.model, self.cache, self.attended, tokens.to(self.device), fed.to(self.device))
+        self.feed_end, self.fed = self.attended.shape[1], [limit > 0 for limit in limits]
+        self.context_lengths = [len(context) for context in contexts]
+        self.draft_columns = [[] for _ in contexts]
+        last = torch.tensor([max(len(feed) - 1, 0) for feed in feeds], device=self.device)
+        return logits[torch.arange(len(contexts), device=self.device), last]
+
+    def accept(self, accepted: Sequence[int]) -> None:
+        """Each row keeps its fed drafts up to its accepted count (its last draft was never fed), as alone;
+        the columns past the fed context and every row's kept drafts are cropped."""
+        forget = torch.zeros_like(self.attended)
+        needed = self.feed_end
+        for index, (count, columns) in enumerate(zip(accepted, self.draft_columns)):
+            if self.fed[index]:
+                self.valid[index] = self.context_lengths[index] + min(count, len(columns))
+            forget[index, columns[count:]] = True
+            needed = max([needed] + [column + 1 for column in columns[:count]])
+        self.attended = crop_batch(self.cache, self.attended & ~forget, needed)
+
+    def keep(self, rows: list[int]) -> None:
+        self.attended = select_batch_rows(self.cache, self.attended, rows)
+        self.valid = [self.valid[row] for row in rows]
+        self.context_lengths = [self.context_lengths[row] for row in rows] if self.context_lengths else []
+        self.draft_columns = [self.draft_columns[row] for row in rows]
+        self.fed = [self.fed[row] for row in rows] if self.fed else []
+
+
+def batch_drafter(drafter: Drafter | None) -> RowDrafts:
+    """The batched form of ``drafter`` (None: the AR baseline's: no drafts)."""
+    check_batch_drafter(drafter)
+    if drafter is not None and drafter.name == "model":
+        return BatchedModelDrafts(drafter)
+    return RowDrafts(drafter)
