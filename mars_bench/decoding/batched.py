@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH
-from mars_bench.decoding.engine import DecodeSettings, chain_parents, cut_at_stop
+from mars_bench.decoding.engine import DecodeSettings, chain_parents, cut_at_stop, resolve_verifier
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter
 from mars_bench.drafting.batched import batch_drafter, check_batch_drafter
@@ -78,10 +78,7 @@ def decode_batch(
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
-    if isinstance(verifier, str):
-        verifier = get_verifier(verifier)
-    if drafter is not None and verifier is None:
-        raise ValueError("verifier=None is invalid with a drafter: allowed are a Verifier or a registered name")
+    verifier = resolve_verifier(drafter, verifier)
     check_batch_drafter(drafter)
     check_tree_attention(target)  # the batch's rows attend through a 4D mask
     if not prompts:

@@ -60,6 +60,16 @@ def cut_at_stop(tokens: list[int], stop_ids: Iterable[int], budget: int) -> tupl
     return tokens[:budget], False
 
 
+def resolve_verifier(drafter: Drafter | None, verifier: Verifier | str | None) -> Verifier | None:
+    """The verifier a decode judges ``drafter``'s drafts with: built from its registered name if given
+    one; a ValueError where there is a drafter and no verifier."""
+    if isinstance(verifier, str):
+        verifier = get_verifier(verifier)
+    if drafter is not None and verifier is None:
+        raise ValueError("verifier=None is invalid with a drafter: allowed are a Verifier or a registered name")
+    return verifier
+
+
 @torch.inference_mode()
 def decode(
     target: Any,
@@ -100,10 +110,7 @@ def decode(
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
-    if isinstance(verifier, str):
-        verifier = get_verifier(verifier)
-    if drafter is not None and verifier is None:
-        raise ValueError("verifier=None is invalid with a drafter: allowed are a Verifier or a registered name")
+    verifier = resolve_verifier(drafter, verifier)
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten().cpu()
     if prompt.numel() == 0:
         raise ValueError("prompt_ids is empty: allowed is a prompt of at least one token")
