@@ -48,7 +48,6 @@ class _Row:
     tokens: list[int] = field(default_factory=list)  # new tokens
     steps: list[StepRecord] = field(default_factory=list)
     context: torch.Tensor | None = None  # CPU LongTensor: prompt + new tokens
-    valid: int = 0  # cached positions this row attends to (its own tokens but the newest)
     reason: str | None = None
     finished_s: float = 0.0  # seconds from the batch's start to this row's last token
 
@@ -144,7 +143,6 @@ class _Batch:
             first = int(choose_tokens(logits[index, -1:], self.sampling, row.generator)[0])
             row.tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
             row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
-            row.valid = len(row.prompt)
             if stopped or len(row.tokens) >= self.settings.max_new_tokens:
                 row.reason = "stop_token" if stopped else "max_new_tokens"
                 finished.append(row)
@@ -213,7 +211,6 @@ class _Batch:
         emitted, stopped = cut_at_stop(proposed, self.settings.stop_token_ids, budget)
         row.tokens += emitted
         row.context = torch.cat([row.context, torch.tensor(emitted)])
-        row.valid += verdict.accepted_len + 1
         decisions = verdict.decisions
         draft_s, target_s, verify_s = seconds
         row.steps.append(StepRecord(
