@@ -121,14 +121,28 @@ def batch_forward(
     count = tokens.shape[1]
     causal = torch.ones(count, count, dtype=torch.bool, device=tokens.device).tril()
     allowed = torch.cat([attended[:, None, :].expand(-1, count, -1), causal[None] & fed[:, None, :]], dim=2)
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=tokens.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    mask = additive_mask(allowed, model.get_input_embeddings().weight.dtype, tokens.device)
     positions = attended.long().sum(dim=1, keepdim=True) + (fed.long().cumsum(dim=1) - 1).clamp(min=0)
     # As in cached_forward: the kept slots as a tensor, since an integer slices a view that sends the head down a slow path.
     keep = torch.arange(count - logits_to_keep, count, device=tokens.device) if logits_to_keep else 0
-    out = model(input_ids=tokens, attention_mask=mask[:, None], position_ids=positions, cache=cache, use_cache=True,
+    out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                 logits_to_keep=keep)  # fmt: skip
     return out.logits, torch.cat([attended, fed], dim=1)
+
+
+def padded_rows(
+    rows: list[torch.Tensor], left: bool, pad: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of different lengths as one batch: (tokens LongTensor[B, n], fed BoolTensor[B, n]),
+    on ``device``; each row left-padded (a prefill: every row ends at the last slot) or right-padded."""
+    width = max((len(row) for row in rows), default=0)
+    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
+    fed = torch.zeros(len(rows), width, dtype=torch.bool)
+    for index, row in enumerate(rows):
+        slots = slice(width - len(row), width) if left else slice(0, len(row))
+        tokens[index, slots] = torch.as_tensor(row, dtype=torch.long)
+        fed[index, slots] = True
+    return tokens.to(device), fed.to(device)
 
 
 def select_batch_rows(cache: Any, attended: torch.Tensor, rows: list[int]) -> torch.Tensor:

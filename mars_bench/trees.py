@@ -52,7 +52,8 @@ def device_tree_structure(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """The 4D attention mask [1, 1, q, kv] a transformers model takes for ``allowed`` [q, kv].
+    """The 4D attention mask [1, 1, q, kv] a transformers model takes for ``allowed`` [q, kv]
+    ([B, 1, q, kv] for a batch's ``allowed`` [B, q, kv]).
 
     Additive, in the model's dtype (0 = attend, dtype min = blocked): a bool 4D mask is
     silently ignored by eager attention, which adds the mask to the scores (True and False
@@ -60,4 +61,4 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devic
     """
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[None, None] if allowed.dim() == 2 else mask[:, None]

@@ -32,7 +32,7 @@ from mars_bench.decoding.engine import DecodeSettings, chain_parents, cut_at_sto
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter
 from mars_bench.drafting.batched import batch_drafter, check_batch_drafter
-from mars_bench.kvcache import batch_forward, check_tree_attention, crop_batch, select_batch_rows
+from mars_bench.kvcache import batch_forward, check_tree_attention, crop_batch, padded_rows, select_batch_rows
 from mars_bench.placement import input_device
 from mars_bench.verification import Verifier, VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
@@ -129,14 +129,9 @@ class _Batch:
 
     def prefill(self, rows: list[_Row]) -> list[_Row]:
         """The prompts, left-padded, in one forward; each row's first token. Returns the rows it finished."""
-        longest = max(len(row.prompt) for row in rows)
-        tokens = torch.full((len(rows), longest), self.pad, dtype=torch.long)
-        fed = torch.zeros(len(rows), longest, dtype=torch.bool)
-        for index, row in enumerate(rows):
-            tokens[index, longest - len(row.prompt) :] = row.prompt
-            fed[index, longest - len(row.prompt) :] = True
+        tokens, fed = padded_rows([row.prompt for row in rows], left=True, pad=self.pad, device=self.device)
         empty = torch.zeros(len(rows), 0, dtype=torch.bool, device=self.device)
-        logits, self.attended = batch_forward(self.target, self.cache, empty, tokens.to(self.device), fed.to(self.device), 1)
+        logits, self.attended = batch_forward(self.target, self.cache, empty, tokens, fed, 1)
         self.drafts.begin([row.prompt for row in rows])
         finished = []
         for index, row in enumerate(rows):
@@ -153,13 +148,10 @@ class _Batch:
         clock = time.perf_counter()
         drafts = self.draft(rows)
         draft_s = time.perf_counter() - clock
-        width = 1 + max(len(tokens) for tokens, _ in drafts)
-        tokens = torch.full((len(rows), width), self.pad, dtype=torch.long)
-        fed = torch.zeros(len(rows), width, dtype=torch.bool)
-        for index, (row, (drafted, _)) in enumerate(zip(rows, drafts)):
-            tokens[index, : len(drafted) + 1] = torch.tensor([int(row.context[-1]), *drafted])
-            fed[index, : len(drafted) + 1] = True
-        logits, attended = batch_forward(self.target, self.cache, self.attended, tokens.to(self.device), fed.to(self.device))
+        fed_rows = [[int(row.context[-1]), *drafted] for row, (drafted, _) in zip(rows, drafts)]  # root, then drafts
+        tokens, fed = padded_rows(fed_rows, left=False, pad=self.pad, device=self.device)
+        width = tokens.shape[1]
+        logits, attended = batch_forward(self.target, self.cache, self.attended, tokens, fed)
         target_s = time.perf_counter() - clock - draft_s
         verdicts = self.verify(rows, drafts, logits)
         verify_s = time.perf_counter() - clock - draft_s - target_s

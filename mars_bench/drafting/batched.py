@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.drafting.base import Draft, Drafter
-from mars_bench.kvcache import batch_forward, crop_batch, select_batch_rows
+from mars_bench.kvcache import batch_forward, crop_batch, padded_rows, select_batch_rows
 from mars_bench.verification.sampling import RandomStreams, SamplingParams
 
 BATCHED_DRAFTERS = ("lookup", "model")  # besides none (the AR baseline)
@@ -80,17 +80,12 @@ class BatchedModelDrafts(RowDrafts):
 
     def begin(self, prompts: Sequence[torch.Tensor]) -> None:
         """Every prompt but its last token, left-padded, in one forward (the last is fed with the first draft)."""
-        longest = max(len(prompt) - 1 for prompt in prompts)
-        tokens = torch.zeros(len(prompts), max(longest, 1), dtype=torch.long)
-        fed = torch.zeros(len(prompts), max(longest, 1), dtype=torch.bool)
-        for index, prompt in enumerate(prompts):
-            if len(prompt) > 1:
-                tokens[index, longest - len(prompt) + 1 : longest] = prompt[:-1]
-                fed[index, longest - len(prompt) + 1 : longest] = True
-        empty = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)
-        _, self.attended = batch_forward(self.model, self.cache, empty, tokens.to(self.device), fed.to(self.device), 1)
         self.valid = [len(prompt) - 1 for prompt in prompts]
-        self.draft_columns = [[] for _ in prompts]
+        self.context_lengths, self.fed, self.draft_columns = list(self.valid), [False] * len(prompts), [[] for _ in prompts]
+        self.attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)
+        if max(self.valid) > 0:
+            tokens, fed = padded_rows([prompt[:-1] for prompt in prompts], left=True, device=self.device)
+            _, self.attended = batch_forward(self.model, self.cache, self.attended, tokens, fed, 1)
 
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
@@ -138,14 +133,10 @@ class BatchedModelDrafts(RowDrafts):
     def feed(self, contexts: Sequence[torch.Tensor], limits: Sequence[int]) -> torch.Tensor:
         """Each drafting row's tokens not cached yet, right-padded, in one forward: its next-token logits [B, V']."""
         feeds = [context[valid:] for context, valid in zip(contexts, self.valid)]
-        width = max(len(feed) for feed in feeds)
-        tokens = torch.zeros(len(contexts), width, dtype=torch.long)
-        fed = torch.zeros(len(contexts), width, dtype=torch.bool)
-        for index, (feed, limit) in enumerate(zip(feeds, limits)):
-            if limit > 0:
-                tokens[index, : len(feed)] = feed
-                fed[index, : len(feed)] = True
-        logits, self.attended = batch_forward(self.model, self.cache, self.attended, tokens.to(self.device), fed.to(self.device))
+        tokens, fed = padded_rows(feeds, left=False, device=self.device)
+        drafting = torch.tensor([limit > 0 for limit in limits], device=self.device)
+        fed &= drafting[:, None]  # a row with no drafts to make is not fed
+        logits, self.attended = batch_forward(self.model, self.cache, self.attended, tokens, fed)
         self.feed_end, self.fed = self.attended.shape[1], [limit > 0 for limit in limits]
         self.context_lengths = [len(context) for context in contexts]
         self.draft_columns = [[] for _ in contexts]
@@ -167,9 +158,9 @@ class BatchedModelDrafts(RowDrafts):
     def keep(self, rows: list[int]) -> None:
         self.attended = select_batch_rows(self.cache, self.attended, rows)
         self.valid = [self.valid[row] for row in rows]
-        self.context_lengths = [self.context_lengths[row] for row in rows] if self.context_lengths else []
+        self.context_lengths = [self.context_lengths[row] for row in rows]
         self.draft_columns = [self.draft_columns[row] for row in rows]
-        self.fed = [self.fed[row] for row in rows] if self.fed else []
+        self.fed = [self.fed[row] for row in rows]
 
 
 def batch_drafter(drafter: Drafter | None) -> RowDrafts:
