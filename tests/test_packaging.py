@@ -109,7 +109,7 @@ def module_fixture() -> str:
     return "shared"
 
 
-@pytest.mark.skipif("PYTEST_XDIST_WORKER" not in os.environ, reason="the grouping is xdist's (--dist loadgroup)")
+@pytest.mark.skipif("PYTEST_XDIST_WORKER" not in os.environ, reason="one process (-n 0): no xdist workers, so no groups to keep")
 def test_tests_sharing_a_module_fixture_run_on_one_xdist_worker(module_fixture, request):
     # conftest marks the test with its module's group; xdist keeps a group on one worker only where the
     # group shows in the node id (pytest 9.2 and xdist 3.8 lose it, and every worker set the fixture up).

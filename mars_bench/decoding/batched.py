@@ -99,7 +99,8 @@ class _Batch:
     """The rows still decoding, their shared cache and which cached positions each attends to."""
 
     def __init__(self, target, drafter, verifier, sampling, settings, device, pad_token_id) -> None:
-        self.target, self.verifier = target, verifier
+        # The AR baseline drafts nothing, so exact only picks each row's next token.
+        self.target, self.verifier = target, verifier if drafter is not None else get_verifier("exact")
         self.drafts = batch_drafter(drafter)
         self.sampling, self.settings, self.device, self.pad = sampling, settings, device, pad_token_id
         self.cache = DynamicCache(config=target.config)
@@ -187,8 +188,7 @@ class _Batch:
                 draft_probs=self.probs_of(draft, count),
                 draft_dists=(draft.dists if draft is not None else no_dists) if with_dists else None,
             ))  # fmt: skip
-        verifier = self.verifier or get_verifier("exact")  # the AR baseline: no drafts, so only the next token
-        return verifier.verify_batch(batch_steps(steps), generator=[row.generator for row in rows])
+        return self.verifier.verify_batch(batch_steps(steps), generator=[row.generator for row in rows])
 
     def probs_of(self, draft: Any, count: int) -> torch.Tensor:
         """The drafts' q (1 where the drafter gives none), so that every row of the batch carries one."""
