@@ -21,7 +21,7 @@ from mars_bench.settings import parse_setting, setting_string
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
-            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS)}  # fmt: skip
+            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted")
 

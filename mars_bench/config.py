@@ -148,6 +148,7 @@ class RunConfig:
     top_k: int = 0
     max_new_tokens: int = 128
     seed: int = 0
+    batch_size: int = 1  # prompts decoded together by the batched engine (decoding/batched.py); 1: one at a time
     warmup: int = 1  # warm-up decodes per method before timing (on a short prompt)
     threads: int | None = None  # torch CPU threads; null = all cores
     data_dir: str | None = None  # null: $MARS_BENCH_DATA, else ../shared/data beside the repository
@@ -441,6 +442,12 @@ def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
     method_spec(cfg)
+    if cfg.batch_size < 1:
+        raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
+    if cfg.batch_size > 1:
+        from mars_bench.drafting.batched import check_batch_drafter
+
+        check_batch_drafter(cfg.drafter.name)
     check_tree_judges(cfg.drafter.name, shadow_verifiers(cfg))
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")

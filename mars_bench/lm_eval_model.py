@@ -23,17 +23,19 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from mars_bench.decoding import DecodeResult, decode
+from mars_bench.decoding.batched import decode_batch
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.decoding.tally import DecodeTally
 from mars_bench.drafting import drafter_needs_model, drafter_settings
+from mars_bench.drafting.batched import check_batch_drafter
 from mars_bench.method import MethodSpec
 from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.verification import verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
 LOG = logging.getLogger(__name__)
-LM_EVAL_ARGS = {"batch_size", "device", "max_batch_size"}  # lm-eval passes these to every model; decoding is one prompt at a time
+LM_EVAL_ARGS = {"device", "max_batch_size"}  # lm-eval passes these to every model (and batch_size, which is used)
 LENGTH_KEYS = {item.name for item in fields(DraftLengthSettings)}  # the draft length, as the app's drafter.* keys
 SAMPLING_KEYS = {"temperature", "top_p"}  # model_args' sampling defaults (top_k there is the tree drafters' setting)
 GEN_KWARGS_USED = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}  # after normalize_gen_kwargs
@@ -45,7 +47,10 @@ class MarsBenchLM(LM):
     (eagle3 needs a head, which this model does not take); gamma, length, max_gamma and
     min_confidence: the draft length, as the app's ``drafter.*`` keys; temperature and top_p: the
     sampling unless a task's ``gen_kwargs`` set it; any further ``model_args`` are the named
-    drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights)."""
+    drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights).
+
+    lm-eval's ``--batch_size B`` decodes up to B consecutive requests of the same ``gen_kwargs`` together
+    in the batched engine (``decoding/batched.py``; a tree drafter is refused there); 1 decodes each alone."""
 
     def __init__(
         self,
@@ -56,10 +61,12 @@ class MarsBenchLM(LM):
         dtype: str = "bfloat16",
         max_new_tokens: int = 256,
         seed: int = 0,
+        batch_size: int | str = 1,
         **settings: Any,
     ) -> None:
         super().__init__()
         self.spec = lm_eval_spec(drafter, verifier, settings)  # every value checked before any model loads
+        self.batch_size = check_batch_size(batch_size, self.spec.drafter)
         self.target = load_model(target, dtype=dtype)
         self.drafter = self._drafter(draft_model, dtype)
         self.verifier = self.spec.build_verifier()
@@ -93,12 +100,12 @@ class MarsBenchLM(LM):
         from tqdm import tqdm
 
         outputs, tally = [], DecodeTally()
-        with tqdm(requests, desc="mars_bench", unit="request", disable=disable_tqdm) as bar:
-            for request in bar:
-                context, gen_kwargs = request.args
-                text, result = self.decode_request(context, dict(gen_kwargs or {}))
-                outputs.append(text)
-                tally.add(result)
+        with tqdm(total=len(requests), desc="mars_bench", unit="request", disable=disable_tqdm) as bar:
+            for contexts, gen_kwargs in request_batches(requests, self.batch_size):
+                for text, result in self.decode_requests(contexts, gen_kwargs):
+                    outputs.append(text)
+                    tally.add(result)
+                    bar.update(1)
                 bar.set_postfix_str(tally.postfix(), refresh=False)
         print(tally.line(), file=sys.stderr)
         return outputs
@@ -112,26 +119,29 @@ class MarsBenchLM(LM):
         token's text) end decoding as they appear and cut the answer; ``max_gen_toks`` (or an alias) is the
         budget (default: ``max_new_tokens``); the task's sampling settings win over ``model_args``.
         Returns the answer and the decode that made it."""
+        return self.decode_requests([context], gen_kwargs)[0]
+
+    def decode_requests(self, contexts: list[str], gen_kwargs: dict[str, Any]) -> list[tuple[str, DecodeResult]]:
+        """Requests of the same ``gen_kwargs``, as ``decode_request`` serves one: alone (one context),
+        or together in the batched engine, each row with the seed it has alone."""
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_new_tokens)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=self.eos_text)
         ignored = sorted(set(kwargs) - GEN_KWARGS_USED)
         if ignored:
             LOG.warning("mars_bench ignores the gen_kwargs %s", ", ".join(ignored))
         spec = self.spec.with_sampling(request_sampling(gen_kwargs, self.spec.sampling))
-        prompt = self.target.tokenizer(context, add_special_tokens=False)["input_ids"]
-        result = decode(
-            self.target.model,
-            self.drafter,
-            self.verifier,
-            prompt,
-            max_new_tokens=int(kwargs["max_gen_toks"]),
-            stop_token_ids=self.stops,
-            seed=self.seed,
-            stop_when=StopStrings(self.target.tokenizer, tuple(until)),
-            **spec.decode_kwargs(),  # a fresh draft-length policy per sequence: schedule adapts
-        )
-        text = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        return postprocess_generated_text(text, until, None), result
+        prompts = [self.target.tokenizer(context, add_special_tokens=False)["input_ids"] for context in contexts]
+        # a fresh draft-length policy per call, copied per row by the batched engine: schedule adapts per sequence
+        common = {"max_new_tokens": int(kwargs["max_gen_toks"]), "stop_token_ids": self.stops, **spec.decode_kwargs()}
+        stop = StopStrings(self.target.tokenizer, tuple(until))
+        if len(prompts) == 1:
+            results = [decode(self.target.model, self.drafter, self.verifier, prompts[0], seed=self.seed, stop_when=stop,
+                              **common)]  # fmt: skip
+        else:
+            results = decode_batch(self.target.model, self.drafter, self.verifier, prompts, seeds=[self.seed] * len(prompts),
+                                   stop_when=stop, **common)  # fmt: skip
+        texts = [self.target.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
+        return [(postprocess_generated_text(text, until, None), result) for text, result in zip(texts, results)]
 
     @property
     def eos_text(self) -> str | None:
@@ -144,6 +154,30 @@ class MarsBenchLM(LM):
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
+
+
+def check_batch_size(batch_size: int | str, drafter: str) -> int:
+    """lm-eval's ``--batch_size`` as an integer >= 1 (ValueError in one line otherwise: ``auto`` too), and
+    above 1 only for a drafter the batched engine batches."""
+    text = str(batch_size)
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"batch_size={text!r} is invalid: allowed is an integer >= 1")
+    if int(text) > 1:
+        check_batch_drafter(drafter)
+    return int(text)
+
+
+def request_batches(requests: list[Any], size: int) -> list[tuple[list[str], dict[str, Any]]]:
+    """The requests in order, as runs of up to ``size`` consecutive ones with equal ``gen_kwargs``: (contexts, gen_kwargs)."""
+    batches: list[tuple[list[str], dict[str, Any]]] = []
+    for request in requests:
+        context, gen_kwargs = request.args
+        gen_kwargs = dict(gen_kwargs or {})
+        if batches and len(batches[-1][0]) < size and batches[-1][1] == gen_kwargs:
+            batches[-1][0].append(context)
+        else:
+            batches.append(([context], gen_kwargs))
+    return batches
 
 
 def request_sampling(gen_kwargs: dict[str, Any], default: SamplingParams) -> SamplingParams:

@@ -16,12 +16,12 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import pytest
 
@@ -276,6 +276,21 @@ Part = TypeVar("Part")
 SHARES = 2  # a statistical test's draws come in this many shares, each from a seed of its own: one per core of the 2-core machine
 
 
+def pooled_chi_square(counts: Mapping[Any, int], joint: Mapping[Any, float], min_expected: float = 5.0) -> float:
+    """The chi-square p-value of ``counts`` (outcome -> draws) against the exact distribution ``joint``
+    (outcome -> mass, normalised here). Chi-square needs about 5 expected draws per cell: one draw of an
+    outcome expected 0.02 times would alone reject at p < 1e-6, so such outcomes are tested as one pooled cell."""
+    from scipy.stats import chisquare
+
+    draws, total = sum(counts.values()), sum(joint.values())
+    expected = {outcome: mass / total * draws for outcome, mass in joint.items()}
+    common = [outcome for outcome, count in expected.items() if count >= min_expected]
+    rare = [outcome for outcome in expected if outcome not in common]
+    observed = [counts.get(outcome, 0) for outcome in common] + [sum(counts.get(outcome, 0) for outcome in rare)]
+    predicted = [expected[outcome] for outcome in common] + [sum(expected[outcome] for outcome in rare)]
+    return chisquare(observed, predicted).pvalue
+
+
 def on_every_core(part: Callable[[int], Part], parts: int = SHARES) -> list[Part]:
     """``[part(0), ..., part(parts - 1)]``, all at once: part 0 in this process, each other in a child forked
     from it (the 2-core machine draws a statistical test's samples on both cores). A child runs torch on one
@@ -474,7 +489,7 @@ def tiny_target() -> Path:
 
 
 # A record's fields that time its decode or say what else ran meanwhile: two runs of the same seeds agree on all others.
-TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s",
+TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s", "batch_s", "finish_s",
          "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # fmt: skip
 
 

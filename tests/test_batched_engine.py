@@ -46,6 +46,8 @@ def drafter_for(name: str | None, tiny):
     stopping below q 0.5), or None for the AR baseline."""
     if name is None or name == "lookup":
         return build_drafter(name) if name else None
+    if name == "layerskip":
+        return build_drafter("layerskip", target=tiny, layers=2)
     return ModelDrafter(near_copy(tiny), 96, 0.5 if name == "model-confidence" else None)
 
 
@@ -54,6 +56,7 @@ SLOW = pytest.mark.slow  # a draft model's forwards: 1 to 2.5 s each on the 2-co
 
 @pytest.mark.parametrize(("drafter", "verifier", "temperature"), [
     ("lookup", "exact", 0.0), ("lookup", "rejection", 1.0), (None, None, 0.0), (None, None, 1.0),
+    ("layerskip", "exact", 0.0), ("layerskip", "rejection", 1.0),
     pytest.param("model", "exact", 0.0, marks=SLOW), pytest.param("model", "rejection", 1.0, marks=SLOW),
     pytest.param("model-confidence", "exact", 0.0, marks=SLOW),
     pytest.param("model-confidence", "rejection", 1.0, marks=SLOW), pytest.param("model-confidence", "mars", 0.7, marks=SLOW),
@@ -67,11 +70,50 @@ def test_a_batch_decodes_each_prompt_as_decode_does_alone(tiny, drafter, verifie
     assert [result.tokens for result in together] == [result.tokens for result in alone]
     assert [[s.accepted for s in r.steps] for r in together] == [[s.accepted for s in r.steps] for r in alone]
     assert [result.prompt_len for result in together] == [len(prompt) for prompt in prompts]
-    if drafter and drafter.startswith("model"):  # drafts were kept and rejected, and stopped early with confidence
+    if drafter and drafter != "lookup":  # drafts were kept and rejected, and stopped early with confidence
         steps = [step for result in together for step in result.steps]
         assert 0 < sum(step.accepted for step in steps) < sum(step.drafted for step in steps)
         if drafter == "model-confidence":
             assert any(0 < step.drafted < 4 for step in steps)
+
+
+def test_shadows_fidelity_and_an_adaptive_draft_length_are_kept_per_row_as_alone(tiny):
+    from mars_bench.decoding.draft_length import AcceptanceSchedule
+
+    prompts = mixed_prompts()
+    lookup = build_drafter("lookup")
+    settings = {"max_new_tokens": 24, "gamma": 2, "temperature": 1.0, "shadow": ["mars", "top_m"], "fidelity": True}
+    alone = [decode(tiny, lookup, "rejection", prompt, seed=seed, draft_length=AcceptanceSchedule(2, maximum=6), **settings)
+             for seed, prompt in enumerate(prompts)]  # fmt: skip
+    schedule = AcceptanceSchedule(2, maximum=6)
+    together = decode_batch(tiny, lookup, "rejection", prompts, seeds=range(4), draft_length=schedule, **settings)
+    assert schedule.gamma == 2  # each row adapted a copy
+    assert [result.tokens for result in together] == [result.tokens for result in alone]
+    assert [[s.drafted for s in r.steps] for r in together] == [[s.drafted for s in r.steps] for r in alone]
+    assert len({step.drafted for result in together for step in result.steps}) > 2  # the schedule moved
+    assert [r.shadow_accepted(2) for r in together] == [r.shadow_accepted(2) for r in alone]
+    for batched, single in zip(together, alone):
+        for summed, expected in zip(batched.fidelity(), single.fidelity()):
+            assert summed.keys() == expected.keys()
+            assert all(summed[key] == pytest.approx(expected[key], abs=1e-6) for key in summed)
+    assert together[0].fidelity() and all(step.fidelity_s >= 0 for r in together for step in r.steps)
+
+
+def test_a_stop_string_ends_its_own_row_only(tiny):
+    prompts = mixed_prompts()
+    lookup = build_drafter("lookup")
+    free = decode_batch(tiny, lookup, "exact", prompts, max_new_tokens=16, gamma=4)
+    marker = free[1].tokens[3]
+
+    def stops(tokens: list[int]) -> bool:
+        return marker in tokens
+
+    together = decode_batch(tiny, lookup, "exact", prompts, max_new_tokens=16, gamma=4, stop_when=[None, stops, None, None])
+    alone = decode(tiny, lookup, "exact", prompts[1], max_new_tokens=16, gamma=4, stop_when=stops)
+    assert together[1].tokens == alone.tokens and together[1].stop_reason == alone.stop_reason == "stop_string"
+    assert [r.tokens for i, r in enumerate(together) if i != 1] == [r.tokens for i, r in enumerate(free) if i != 1]
+    with pytest.raises(ValueError, match="stop_when: got 2 for 4 prompts"):
+        decode_batch(tiny, lookup, "exact", prompts, stop_when=[None, stops])
 
 
 def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
@@ -89,7 +131,7 @@ def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
 
 def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
     tree = build_drafter("model_tree", model=tiny_model("llama", seed=3, layers=2), vocab_size=96)
-    refused = "drafter='model_tree' is not batched yet \\(batch_size > 1\\): allowed are none, lookup, model"
+    refused = "drafter='model_tree' is not batched yet \\(batch_size > 1\\): allowed are none, lookup, model, layerskip"
     with pytest.raises(ValueError, match=refused):
         decode_batch(tiny, tree, "exact", [[1, 2, 3]])
     with pytest.raises(ValueError, match="prompts is empty"):

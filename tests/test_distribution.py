@@ -9,8 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import SHARES, on_every_core
-from scipy.stats import chisquare
+from conftest import SHARES, on_every_core, pooled_chi_square
 
 from mars_bench.verification import VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams
@@ -18,7 +17,6 @@ from mars_bench.verification.sampling import SamplingParams
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # every test draws 6,000 sequences, of tiny tensors
 
 VOCAB, LENGTH, GAMMA, DRAWS = 3, 3, 2, 6000
-MIN_EXPECTED = 5.0
 SAMPLE = SamplingParams(temperature=1.0)
 
 
@@ -153,17 +151,7 @@ def chi_square_pvalue(
         toy = ToyDecoder(deterministic_drafts, target, drafter, reported)
         return Counter(toy.sequences(verifier, generator, DRAWS // SHARES))
 
-    counts = sum(on_every_core(draw), Counter())
-    joint = target_joint(target)
-    total = sum(joint.values())
-    expected = {sequence: mass / total * DRAWS for sequence, mass in joint.items()}
-    # Chi-square needs about 5 expected draws per cell: one draw of a sequence expected 0.02
-    # times would alone reject at p < 1e-6. Such sequences are tested as one pooled cell.
-    common = [sequence for sequence, count in expected.items() if count >= MIN_EXPECTED]
-    rare = [sequence for sequence in expected if sequence not in common]
-    observed = [counts.get(sequence, 0) for sequence in common] + [sum(counts.get(sequence, 0) for sequence in rare)]
-    predicted = [expected[sequence] for sequence in common] + [sum(expected[sequence] for sequence in rare)]
-    return chisquare(observed, predicted).pvalue
+    return pooled_chi_square(sum(on_every_core(draw), Counter()), target_joint(target))
 
 
 @pytest.mark.parametrize("deterministic_drafts", [False, True], ids=["sampled-drafts", "greedy-drafts"])

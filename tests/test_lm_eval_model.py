@@ -162,3 +162,38 @@ def test_the_decode_tally_pools_tau_and_acceptance_over_requests():
     assert tally.tau == 5 / 3 and tally.acceptance == 3 / 10 and tally.tokens_per_s == 7 / 3
     assert tally.line() == ("mars_bench: 2 requests, 7 new tokens in 3.0 s (2.33 tok/s), tau 1.67, acceptance 0.300 "
                             "(3 of 10 drafts kept)")  # fmt: skip
+
+
+@pytest.mark.parametrize(("batch_size", "message"), [
+    ("auto", "batch_size='auto' is invalid: allowed is an integer >= 1"),
+    (0, "batch_size='0' is invalid: allowed is an integer >= 1"),
+])  # fmt: skip
+def test_a_bad_batch_size_is_refused_in_one_line_before_any_model_loads(batch_size, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        MarsBenchLM(target="/nonexistent", drafter="lookup", batch_size=batch_size)
+    with pytest.raises(ValueError, match=r"^drafter='model_tree' is not batched yet \(batch_size > 1\)"):
+        MarsBenchLM(target="/nonexistent", drafter="model_tree", batch_size=2)
+
+
+@pytest.mark.slow
+def test_lm_evals_batch_size_decodes_requests_together_with_todays_answers(layerskip_lm, monkeypatch):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def recorded(*args, **kwargs):
+        calls.append(len(args[3]))
+        return batched(*args, **kwargs)
+
+    batched = lm_eval_model.decode_batch
+    monkeypatch.setattr(lm_eval_model, "decode_batch", recorded)
+    topics = ["the sea", "a robot", "the moon"]
+    asked = [[{"role": "user", "content": f"Write a poem about {topic}."}] for topic in topics]
+    contexts = [layerskip_lm.apply_chat_template(messages) for messages in asked]
+    requests = [SimpleNamespace(args=(context, {"until": ["\n\n"], "max_gen_toks": 8})) for context in contexts]
+    alone = layerskip_lm.generate_until(requests, disable_tqdm=True)
+    assert calls == []
+    monkeypatch.setattr(layerskip_lm, "batch_size", 2)
+    together = layerskip_lm.generate_until(requests, disable_tqdm=True)
+    assert calls == [2]  # the first two together; the third alone (decode)
+    assert together == alone and all(alone)

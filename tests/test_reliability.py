@@ -34,30 +34,32 @@ def killed_app(where: str, count: int, overrides: list[str]) -> int:
     """``python -m mars_bench OVERRIDES...`` that SIGKILLs itself at an exact point, for a forked
     child (``processes.fork``: the patches below stay in it):
       load     as the target model loads (no row yet)
-      after N  right after the N-th row of records.jsonl is flushed
-      in N     halfway through writing the N-th row: what a kill inside the write leaves on disk"""
+      after N  right after the write that flushed the N-th row of records.jsonl
+      in N     halfway through writing the N-th row (a batch's rows are one write): what a kill inside
+               the write leaves on disk"""
     from mars_bench.bench import cell, records
 
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def write_then_die(self, record, write=records.RecordWriter.write):
-        if where == "in" and len(self.rows) == count - 1:
-            line = json.dumps(asdict(record)) + "\n"
+    def write_then_die(self, batch, write_many=records.RecordWriter.write_many):
+        if where == "in" and len(self.rows) < count <= len(self.rows) + len(batch):
+            lines = [json.dumps(asdict(record)) + "\n" for record in batch]  # the rows of one write (a batch's)
+            cut = count - len(self.rows) - 1
             with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(line[: len(line) // 2])
+                handle.write("".join(lines[:cut]) + lines[cut][: len(lines[cut]) // 2])
                 handle.flush()
                 os.fsync(handle.fileno())
             die()
-        row = write(self, record)
-        if where == "after" and len(self.rows) == count:
+        rows = write_many(self, batch)
+        if where == "after" and len(self.rows) >= count:
             die()
-        return row
+        return rows
 
     if where == "load":
         cell.forget_loaded_models()  # the models this process loaded already: the target loads afresh
         cell.load_model = die
-    records.RecordWriter.write = write_then_die
+    records.RecordWriter.write_many = write_then_die
     return run_main("mars_bench", *overrides)
 
 
@@ -117,6 +119,34 @@ def test_sigkill_at_each_kind_of_point_then_resume_loses_and_duplicates_nothing(
     resumed = rows_by_key(out)
     assert resumed.keys() == uninterrupted.keys()
     for key, row in resumed.items():
+        assert without_times(row) == without_times(uninterrupted[key]), key
+
+
+# At batch_size 4: 4 questions, one batch per method, each batch's 4 rows written in one write.
+BATCH_OF_FOUR = [*GREEDY, "task.num_prompts=4", "batch_size=4"]
+BATCH_KILL_POINTS = [
+    ("after", 4, 4, "the baseline's batch written, the method's not yet decoded"),
+    ("in", 6, 5, "mid-batch: the method's batch half written (one whole row, then half a row)"),
+]
+
+
+@pytest.mark.slow
+def test_a_killed_run_at_batch_size_4_resumes_losing_and_duplicating_nothing(tmp_path, processes, tiny_target):
+    uninterrupted = run_in_process(BATCH_OF_FOUR, tmp_path / "whole")
+    out = tmp_path / "killed"
+    records = out / "records.jsonl"
+    for where, count, complete, point in BATCH_KILL_POINTS:
+        killed = processes.fork(partial(killed_app, where, count, [*BATCH_OF_FOUR, f"output_dir={out}"]))
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
+        keys = [(r["question_id"], r["turn"], r["method"]) for r in read_rows(records)]
+        assert len(keys) == len(set(keys)) == complete, point
+    run_in_process(BATCH_OF_FOUR, out)  # decodes the method's batch again whole, writes its 3 missing rows
+    keys = [(r["question_id"], r["turn"], r["method"]) for r in read_rows(records)]
+    assert len(records.read_text().splitlines()) == len(keys) == len(set(keys)) == 8
+    resumed = rows_by_key(out)
+    assert resumed.keys() == uninterrupted.keys()
+    for key, row in resumed.items():
+        assert row["batch_rows"] == 4 and row["batch_size"] == 4, key  # every row was timed in its batch of 4
         assert without_times(row) == without_times(uninterrupted[key]), key
 
 

@@ -30,12 +30,12 @@ ENTRY_SUFFIX = ".json"
 
 def baseline_conditions(cfg: Any) -> dict[str, Any]:
     """The run's ``records.BASELINE_CONDITIONS``, in that order, read from its config: what every record
-    carries of them."""
+    carries of them (a config older than ``batch_size`` decoded one prompt at a time: 1)."""
     model, task = cfg.model, cfg.task
     return {"target": model.target, "dtype": model.dtype, "attn_implementation": model.attn_implementation,
             "device_map": model.device_map, "task": task.name, "scorer": task.scorer, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-            "threads": cfg.threads}  # fmt: skip
+            "threads": cfg.threads, "batch_size": getattr(cfg, "batch_size", 1)}  # fmt: skip
 
 
 HASHED_AS = {"attn_implementation": "attn"}  # the names earlier versions hashed: their cached baselines still match
@@ -45,8 +45,16 @@ def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> st
     """The run's baseline conditions, the question, the prompt's token ids and its own ``seed`` (derived
     from the run's, which it replaces), hashed."""
     fixed = {HASHED_AS.get(name, name): value for name, value in baseline_conditions(cfg).items()}
+    if fixed["batch_size"] == 1:
+        del fixed["batch_size"]  # as earlier versions hashed it: their cached baselines still match
     fixed |= {"question_id": str(question_id), "prompt": prompt, "seed": seed}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
+
+
+def batch_baseline_key(cfg: Any, rows: list[tuple[Any, list[int], int]]) -> str:
+    """The key of a baseline batch: its rows' ``baseline_key`` (each row's question, prompt and seed), in order."""
+    keys = [baseline_key(cfg, question_id, prompt, seed) for question_id, prompt, seed in rows]
+    return hashlib.sha256(json.dumps(keys).encode()).hexdigest()
 
 
 def cache_entries(folder: Path) -> list[Path]:

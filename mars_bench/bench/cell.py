@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_conditions, baseline_key
+from mars_bench.bench.batches import run_batches
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
@@ -23,6 +24,7 @@ from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWri
 from mars_bench.bench.run_folder import CELL_CLAIM, write_config
 from mars_bench.config import check_run_config, method_spec, shadow_verifiers
 from mars_bench.decoding import DecodeResult, decode
+from mars_bench.decoding.batched import decode_batch
 from mars_bench.drafting import drafter_needs_model
 from mars_bench.method import MethodSpec
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
@@ -191,14 +193,32 @@ class Cell:
             **method.spec.decode_kwargs(),
         )
 
-    def timed_decode(self, method: Method, prompt: list[int], seed: int) -> tuple[DecodeResult, Contention, int]:
-        """Decode while measuring what other processes used; a disturbed decode is timed again (the
-        same seed, so the same tokens), each time once the machine is idle, up to ``retry_disturbed`` times.
-        Returns the last decode, its contention and how many times it was timed again."""
+    def decode_rows(
+        self, method: Method, prompts: list[list[int]], seeds: list[int], max_new_tokens: int | None = None
+    ) -> list[DecodeResult]:
+        """``prompts`` decoded together by the batched engine, each with its own seed."""
+        cfg = self.cfg
+        return decode_batch(
+            self.target.model,
+            method.drafter,
+            method.verifier,
+            prompts,
+            max_new_tokens=max_new_tokens or cfg.max_new_tokens,
+            stop_token_ids=self.stops,
+            seeds=seeds,
+            shadow=list(self.shadows.values()) if method.verifier is not None else (),
+            fidelity=cfg.fidelity and method.verifier is not None,
+            **method.spec.decode_kwargs(),
+        )
+
+    def timed(self, decode_now: Callable[[], Any]) -> tuple[Any, Contention, int]:
+        """``decode_now()`` while measuring what other processes used; a disturbed decode is timed again
+        (the same seeds, so the same tokens), each time once the machine is idle, up to ``retry_disturbed``
+        times. Returns the last decode's result, its contention and how many times it was timed again."""
         cfg, retimed = self.cfg, 0
         while True:
             self.meter.start()
-            result = self.decode(method, prompt, seed=seed)
+            result = decode_now()
             contention = self.meter.stop()
             if retimed >= cfg.retry_disturbed or not contention.disturbed(cfg.disturbed_load, cfg.disturbed_gpu_util):
                 return result, contention, retimed
@@ -215,10 +235,20 @@ class Cell:
                 for m in self.methods]  # fmt: skip
 
     def warm_up(self) -> None:
+        """Decode the first question's first turn (up to 16 tokens) ``warmup`` times per method, as the
+        cell decodes: alone, or in a batch of ``batch_size`` copies."""
         prompt = self.prompt_ids([{"role": "user", "content": self.questions[0].turns[0]}])
+        budget, rows = min(16, self.cfg.max_new_tokens), min(self.cfg.batch_size, len(self.questions))
         for _ in range(self.cfg.warmup):
             for method in self.methods:
-                self.decode(method, prompt, seed=self.cfg.seed, max_new_tokens=min(16, self.cfg.max_new_tokens))
+                if rows == 1:
+                    self.decode(method, prompt, seed=self.cfg.seed, max_new_tokens=budget)
+                else:
+                    self.decode_rows(method, [prompt] * rows, [self.cfg.seed] * rows, max_new_tokens=budget)
+
+    def seed(self, index: int, turn: int) -> int:
+        """The seed of question ``index``'s turn ``turn`` (the manifest's ``per_turn``)."""
+        return self.cfg.seed * 1_000_003 + index * 101 + turn
 
     def run(self, progress: bool = True) -> list[dict[str, Any]]:
         config = OmegaConf.to_container(self.cfg, resolve=True)
@@ -236,6 +266,9 @@ class Cell:
         with TokenProgress(len(planned), self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
             if len(kept) < len(planned):
                 self.warm_up()
+            if self.cfg.batch_size > 1:
+                run_batches(self, bar)
+                return list(self.writer.rows.values())
             self.on_tokens = bar.tick if progress else None
             for index, question in enumerate(self.questions):
                 order = self.methods if index % 2 == 0 else self.methods[::-1]
@@ -252,12 +285,16 @@ class Cell:
         return list(self.writer.rows.values())
 
     def write(self, record: Record) -> None:
-        """Append a record, first comparing a method's output with its baseline row."""
-        baseline = self.writer.rows.get((str(record.question_id), record.turn, BASELINE))
-        if record.method != BASELINE and record.status == "ok" and baseline and baseline["status"] == "ok":
-            record.agreement, record.first_divergence = compare(record.output_ids, baseline["output_ids"])
-            record.baseline_rouge_l = rouge_l(record.output_text, baseline["output_text"])
-        self.writer.write(record)
+        self.write_batch([record])
+
+    def write_batch(self, records: list[Record]) -> None:
+        """Append records together, first comparing each method row's output with its baseline row."""
+        for record in records:
+            baseline = self.writer.rows.get((str(record.question_id), record.turn, BASELINE))
+            if record.method != BASELINE and record.status == "ok" and baseline and baseline["status"] == "ok":
+                record.agreement, record.first_divergence = compare(record.output_ids, baseline["output_ids"])
+                record.baseline_rouge_l = rouge_l(record.output_text, baseline["output_text"])
+        self.writer.write_many(records)
         if self.on_write is not None:
             self.on_write()
 
@@ -290,7 +327,7 @@ class Cell:
     ) -> Record:
         """Decode and score one turn, or copy the baseline row another cell of the sweep decoded."""
         prompt = self.prompt_ids(messages)
-        seed = self.cfg.seed * 1_000_003 + index * 101 + turn
+        seed = self.seed(index, turn)
         shared = method.verifier is None and self.baselines is not None
         key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
         if shared and (row := self.baselines.get_or_claim(key)) is not None:
@@ -299,7 +336,7 @@ class Cell:
                       "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
             return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
         try:
-            record = self.decode_and_score(question, turn, method, prompt, seed, answers)
+            record = self.decode_and_score(index, question, turn, method, prompt, seed, answers)
             if shared:
                 self.baselines.put(key, asdict(record))
         finally:
@@ -308,21 +345,31 @@ class Cell:
         return record
 
     def decode_and_score(
-        self, question: Question, turn: int, method: Method, prompt: list[int], seed: int, answers: list[str]
+        self, index: int, question: Question, turn: int, method: Method, prompt: list[int], seed: int, answers: list[str]
     ) -> Record:
-        result, contention, retimed = self.timed_decode(method, prompt, seed)
-        answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        record = self.record(question, turn, method, prompt, result, answer)
+        result, contention, retimed = self.timed(lambda: self.decode(method, prompt, seed=seed))
+        record = self.record(question, turn, method, prompt, result, batch_fields(index, turn, [result])[0])
+        self.add_contention(record, contention, retimed)
+        self.score(record, question, turn, answers)
+        return record
+
+    def add_contention(self, record: Record, contention: Contention, retimed: int) -> None:
+        """What other processes used while the record's decode (its batch's) was timed."""
         disturbed = contention.disturbed(self.cfg.disturbed_load, self.cfg.disturbed_gpu_util)
         for name, value in {**contention.to_record(), "disturbed": disturbed, "retimed": retimed}.items():
             setattr(record, name, value)
+
+    def score(self, record: Record, question: Question, turn: int, answers: list[str]) -> None:
+        """The record's score (``answers``: this method's earlier turns of the question)."""
         if self.scorer is not None:
+            answer = record.output_text
             record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
-        return record
 
     def record(
-        self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, answer: str
+        self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, batch: dict[str, Any]
     ) -> Record:
+        """The record of one decoded turn; ``batch``: its batch fields (``batch_fields``)."""
+        answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         cfg = self.cfg
         phases = result.phase_seconds()
         accepted, reached = result.accepted_per_depth()
@@ -359,6 +406,7 @@ class Cell:
             verify_s=phases["verify"],
             bookkeeping_s=phases["bookkeeping"],
             tokens_per_s=result.tokens_per_s,
+            **batch,
             stop_reason=result.stop_reason,
             output_ids=result.tokens,
             output_text=answer,
@@ -394,6 +442,14 @@ def compare(tokens: list[int], baseline: list[int] | None) -> tuple[float | None
     length = max(len(tokens), len(baseline), 1)
     divergence = same.index(False) if False in same else (None if len(tokens) == len(baseline) else len(same))
     return sum(same) / length, divergence
+
+
+def batch_fields(number: int, turn: int, results: list[DecodeResult]) -> list[dict[str, Any]]:
+    """The batch fields of the records of ``results``, decoded together as batch ``number`` (the
+    questions' index // batch_size) at turn ``turn``: a batch's wall time is its last row's finish."""
+    finish = [result.prefill_s + result.decode_s for result in results]
+    batch = {"batch_id": f"{number}.{turn}", "batch_rows": len(results), "batch_s": max(finish)}
+    return [{**batch, "finish_s": seconds} for seconds in finish]
 
 
 def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, Any]]:

@@ -19,12 +19,13 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
-SCHEMA_VERSION = 7  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 8  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
 # 7: attn_implementation, device_map, scorer, threads (with the others, every one of BASELINE_CONDITIONS);
 #    no theta, guard (MARS's settings, written for every verifier: verifier_setting holds every verifier's)
+# 8: batch_size (a baseline condition), batch_id, batch_rows, batch_s, finish_s (rows decoded B at a time)
 RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has now (readers: analysis/gather.py)
 
 # What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
@@ -33,7 +34,8 @@ RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has 
 # between the cells of a sweep; the analysis pairs a method with a baseline, and pools rows into one
 # setting, only where they agree (records older than schema 7 lack the last four: they agree as unknown).
 BASELINE_CONDITIONS = ("target", "dtype", "attn_implementation", "device_map", "task", "scorer", "temperature", "top_p",
-                       "top_k", "max_new_tokens", "seed", "threads")  # fmt: skip
+                       "top_k", "max_new_tokens", "seed", "threads", "batch_size")  # fmt: skip
+# (batch_size from schema 8 on: older rows were decoded one at a time, batch_size 1)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Record:
     device_map: str | None
     scorer: str | None
     threads: int | None  # torch CPU threads; None: all cores
+    batch_size: int  # prompts decoded together (the configured B; a batch may hold fewer: batch_rows)
     # the row
     question_id: int | str
     category: str
@@ -97,6 +100,11 @@ class Record:
     verify_s: float = 0.0
     bookkeeping_s: float = 0.0
     tokens_per_s: float = 0.0
+    # the row's batch (batch_size 1: the row alone): "chunk.turn", the chunk being the questions' index // batch_size
+    batch_id: str = ""
+    batch_rows: int = 1  # rows decoded in the batch (fewer than batch_size at the last chunk, or at a later turn)
+    batch_s: float = 0.0  # the batch's wall time, from its prefill to its last row's last token
+    finish_s: float = 0.0  # from the batch's start to this row's last token: its latency (prefill_s + decode_s)
     other_cpu_s: float | None = None  # CPU seconds other processes used while this row was timed (None: not measurable)
     other_load: float | None = None  # the cores they kept busy on average (bench/contention.py)
     other_gpu_util: float | None = None  # the largest GPU multiprocessor share (percent) another process had
@@ -160,10 +168,15 @@ class RecordWriter:
         return key in self.rows
 
     def write(self, record: Record) -> dict[str, Any]:
-        row = asdict(record)
+        return self.write_many([record])[0]
+
+    def write_many(self, records: list[Record]) -> list[dict[str, Any]]:
+        """Append ``records`` in one write and one flush (a batch's rows: together or, killed, a partial last line)."""
+        rows = [asdict(record) for record in records]
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+            handle.write("".join(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows))
             handle.flush()
             os.fsync(handle.fileno())
-        self.rows[record.key] = row
-        return row
+        for record, row in zip(records, rows):
+            self.rows[record.key] = row
+        return rows

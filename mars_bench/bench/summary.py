@@ -23,11 +23,19 @@ SUMMARY_FILE = "summary.csv"  # a cell's folder holds it once the cell has run t
 
 
 def finished(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows that decoded successfully, with ``seconds`` (prefill + decode), ``emitted``
-    (tokens after the prefill's, the ones verification steps produced) and ``disturbed`` (False
-    for rows written before contention was measured)."""
+    """The rows that decoded successfully, with ``seconds`` (the row's share of its batch's wall time,
+    ``batch_s / batch_rows``: prefill + decode for a row decoded alone), ``latency_s`` (prefill + decode:
+    from its batch's start to its last token), ``emitted`` (tokens after the prefill's, the ones
+    verification steps produced) and ``disturbed`` (False for rows written before contention was measured).
+
+    So a throughput over rows (their new tokens over their seconds) is, for whole batches, the batch's
+    tokens over its wall time, at any batch size."""
     ok = frame[frame["status"] == "ok"].copy() if "status" in frame else frame.copy()
-    ok["seconds"] = ok["prefill_s"] + ok["decode_s"]
+    ok["latency_s"] = ok["prefill_s"] + ok["decode_s"]
+    ok["seconds"] = ok["latency_s"]
+    if "batch_s" in ok:  # rows of schema 8 on
+        batched = ok["batch_s"].notna() & (ok["batch_s"] > 0)
+        ok.loc[batched, "seconds"] = ok.loc[batched, "batch_s"] / ok.loc[batched, "batch_rows"]
     ok["emitted"] = emitted_tokens(ok["new_tokens"])
     ok["disturbed"] = ok["disturbed"].fillna(False).astype(bool) if "disturbed" in ok else False
     return ok
@@ -65,6 +73,7 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
     speed = (pairs["new_tokens"], pairs["seconds"], pairs["new_tokens_base"], pairs["seconds_base"])
     some = len(pairs) > 0
     low, high = bootstrap_ratio_ci(*speed) if some else (np.nan, np.nan)
+    latency = timed["latency_s"]
     scores = rows["score"].dropna() if "score" in rows else pd.Series(dtype=float)
     score_low, score_high = bootstrap_mean_ci(scores)
     counted = rows[rows["trigger_count"].notna()] if "trigger_count" in rows else rows.iloc[:0]
@@ -78,6 +87,11 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
         "speedup_ci_low": low,
         "speedup_ci_high": high,
         "speedup_mean_rate": mean_rate_ratio(*speed) if some else np.nan,
+        "latency_mean_s": latency.mean() if len(latency) else np.nan,
+        "latency_p50_s": latency.quantile(0.5) if len(latency) else np.nan,
+        "latency_p90_s": latency.quantile(0.9) if len(latency) else np.nan,
+        # the baseline's mean per-request latency over the method's, on the same prompts
+        "latency_speedup": ratio(pairs["latency_s_base"].mean(), pairs["latency_s"].mean()) if some else np.nan,
         "tau": ratio(rows["emitted"].sum(), rows["steps"].sum()),
         "tau_request_mean": tau_request_mean(rows),
         "acceptance_rate": ratio(accepted, rows["drafted"].sum()),
@@ -92,15 +106,16 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
 
 
 def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[str], how: str = "inner") -> pd.DataFrame:
-    """``methods`` with the ``new_tokens`` and ``seconds`` of the baseline row of the same ``on`` keys
+    """``methods`` with the ``new_tokens``, ``seconds`` and ``latency_s`` of the baseline row of the same ``on`` keys
     (``*_base``): only the rows that have one (``how="inner"``), or every row (``"left"``, NaN where none)."""
-    base = baselines[[*on, "new_tokens", "seconds", "disturbed"]]
+    base = baselines[[*on, "new_tokens", "seconds", "latency_s", "disturbed"]]
     return methods.merge(base, on=on, suffixes=("", "_base"), how=how)
 
 
 TERMINAL = ["cell", "method", "verifier", "verifier_setting", "prompts", "disturbed", "tokens", "tok_per_s", "speedup",
             "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "speedup_note", "tau", "tau_request_mean", "relaxed",
-            "trigger_rate", "agreement", "score"]  # fmt: skip
+            "trigger_rate", "agreement", "score", "batch_size", "latency_mean_s", "latency_p50_s", "latency_p90_s",
+            "latency_speedup"]  # fmt: skip
 RUN_OPTION = "include_disturbed=true"  # how the app is told to count disturbed rows (the analysis: --include-disturbed)
 
 
@@ -143,7 +158,9 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd
                 summary |= {"agreement": 1.0, "trigger_rate": np.nan}
             setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
                 "verifier": group["verifier"].iloc[0], "verifier_setting": recorded_setting(group)}  # fmt: skip
-            out.append({"cell": cell, "method": method, **setting, **summary})
+            sizes = group["batch_size"].dropna() if "batch_size" in group else []  # rows of schema 7 and older: 1
+            batch_size = int(sizes.iloc[0]) if len(sizes) else 1
+            out.append({"cell": cell, "method": method, **setting, **summary, "batch_size": batch_size})
     table = pd.DataFrame(out)
     table["speedup_note"] = speedup_notes(table)
     return table[TERMINAL]
@@ -207,6 +224,13 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
             f"{fmt(row['speedup_mean_rate'], '{:.2f}x')} | {fmt(row['tau'])} | {fmt(row['tau_request_mean'])} | "
             f"{fmt(row['trigger_rate'], '{:.3f}')} | {fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
         )
+    if "batch_size" in summary and (summary["batch_size"] > 1).any():
+        lines += ["", "Decoded in batches: throughput above is each batch's tokens over its wall time; per request:", "",
+                  "| cell | method | batch size | latency mean (s) | p50 (s) | p90 (s) | latency speedup |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {row['cell']} | {row['method']} | {row['batch_size']} | {fmt(row['latency_mean_s'])} | "
+                  f"{fmt(row['latency_p50_s'])} | {fmt(row['latency_p90_s'])} | {fmt(row['latency_speedup'], '{:.2f}x')} |"
+                  for row in summary.to_dict("records")]  # fmt: skip
     if disturbed:
         lines += ["", disturbed_note(list(disturbed), included)]
     return "\n".join(lines)

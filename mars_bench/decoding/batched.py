@@ -19,16 +19,18 @@ The drafters batched so far are the chain drafters ``lookup`` (per row: it has n
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from mars_bench.decoding.draft_length import DEFAULT_LENGTH
+from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLength, FixedLength
 from mars_bench.decoding.engine import DecodeSettings, chain_parents, cut_at_stop, resolve_verifier
+from mars_bench.decoding.fidelity import step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter
 from mars_bench.drafting.batched import batch_drafter, check_batch_drafter
@@ -45,11 +47,15 @@ class _Row:
     index: int  # the prompt's place in ``prompts``
     prompt: torch.Tensor  # CPU LongTensor[P]
     generator: torch.Generator
+    shadow_generator: torch.Generator  # the shadows' stream, as ``decode`` seeds it (seed + 1)
+    length: DraftLength  # the row's own draft-length policy
+    stop_when: Callable[[list[int]], bool] | None = None
     tokens: list[int] = field(default_factory=list)  # new tokens
     steps: list[StepRecord] = field(default_factory=list)
     context: torch.Tensor | None = None  # CPU LongTensor: prompt + new tokens
     reason: str | None = None
-    finished_s: float = 0.0  # seconds from the batch's start to this row's last token
+    finished_s: float = 0.0  # seconds from the batch's start to this row's last token (less ``aside_s``)
+    aside_s: float = 0.0  # seconds of shadows and fidelity until then, outside the method's time
 
 
 @torch.inference_mode()
@@ -67,13 +73,20 @@ def decode_batch(
     stop_token_ids: Sequence[int] = (),
     seeds: Sequence[int] | None = None,
     pad_token_id: int = 0,
+    shadow: Sequence[Verifier | str] = (),
+    draft_length: DraftLength | None = None,
+    fidelity: bool = False,
+    stop_when: Callable[[list[int]], bool] | Sequence[Callable[[list[int]], bool] | None] | None = None,
 ) -> list[DecodeResult]:
     """Decode ``prompts`` together, drafts of at most ``gamma`` tokens; a ``DecodeResult`` per prompt, in order.
 
     seeds: each prompt's seed (default 0 for every one), as ``decode``'s ``seed``. pad_token_id: the
-    token fed in padded slots (never attended to). A result's ``prefill_s`` is the batch's prefill and
-    its ``decode_s`` the time from the prefill's end to the row's last token (its latency in the batch);
-    its steps' phase seconds are the batch's.
+    token fed in padded slots (never attended to). shadow, fidelity: as ``decode``'s, per row (each
+    row's shadows draw from its own stream, seeded as ``decode`` seeds them). draft_length: the policy
+    each row starts from (a copy per row, so a ``schedule`` adapts to that row's acceptance). stop_when:
+    as ``decode``'s, one for every row or one per prompt. A result's ``prefill_s`` is the batch's prefill
+    and its ``decode_s`` the time from the prefill's end to the row's last token (its latency in the
+    batch); its steps' phase seconds are the batch's.
     """
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
@@ -85,22 +98,29 @@ def decode_batch(
     seeds = [0] * len(prompts) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
         raise ValueError(f"seeds: got {len(seeds)} for {len(prompts)} prompts: allowed is one seed per prompt")
+    stops = list(stop_when) if isinstance(stop_when, Sequence) else [stop_when] * len(prompts)
+    if len(stops) != len(prompts):
+        raise ValueError(f"stop_when: got {len(stops)} for {len(prompts)} prompts: allowed is one or one per prompt")
     device = input_device(target)
+    length = draft_length or FixedLength(settings.gamma)
     rows = []
-    for index, (prompt, seed) in enumerate(zip(prompts, seeds)):
+    for index, (prompt, seed, stop) in enumerate(zip(prompts, seeds, stops)):
         prompt = torch.as_tensor(prompt, dtype=torch.long).flatten().cpu()
         if prompt.numel() == 0:
             raise ValueError(f"prompt {index} is empty: allowed is a prompt of at least one token")
-        rows.append(_Row(index, prompt, torch.Generator(device=device).manual_seed(seed)))
-    return _Batch(target, drafter, verifier, sampling, settings, device, pad_token_id).run(rows)
+        streams = [torch.Generator(device=device).manual_seed(value) for value in (seed, seed + 1)]
+        rows.append(_Row(index, prompt, *streams, copy.deepcopy(length), stop))
+    shadows = tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow)
+    return _Batch(target, drafter, verifier, sampling, settings, device, pad_token_id, shadows, fidelity).run(rows)
 
 
 class _Batch:
     """The rows still decoding, their shared cache and which cached positions each attends to."""
 
-    def __init__(self, target, drafter, verifier, sampling, settings, device, pad_token_id) -> None:
+    def __init__(self, target, drafter, verifier, sampling, settings, device, pad_token_id, shadows, fidelity) -> None:
         # The AR baseline drafts nothing, so exact only picks each row's next token.
         self.target, self.verifier = target, verifier if drafter is not None else get_verifier("exact")
+        self.shadows, self.fidelity = (shadows, fidelity) if drafter is not None else ((), False)
         self.drafts = batch_drafter(drafter)
         self.sampling, self.settings, self.device, self.pad = sampling, settings, device, pad_token_id
         self.cache = DynamicCache(config=target.config)
@@ -141,6 +161,9 @@ class _Batch:
             row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
             if stopped or len(row.tokens) >= self.settings.max_new_tokens:
                 row.reason = "stop_token" if stopped else "max_new_tokens"
+            elif row.stop_when is not None and row.stop_when(row.tokens):
+                row.reason = "stop_string"
+            if row.reason is not None:
                 finished.append(row)
         return finished
 
@@ -154,25 +177,33 @@ class _Batch:
         width = tokens.shape[1]
         logits, attended = batch_forward(self.target, self.cache, self.attended, tokens, fed)
         target_s = time.perf_counter() - clock - draft_s
-        verdicts = self.verify(rows, drafts, logits)
+        steps = self.verify_inputs(drafts, logits)
+        batch = batch_steps(steps)
+        verdicts = self.verifier.verify_batch(batch, generator=[row.generator for row in rows])
         verify_s = time.perf_counter() - clock - draft_s - target_s
+        outside = time.perf_counter()  # the shadows and the fidelity measurement are left out of the method's time
+        judged = self.judge_aside(rows, steps, batch, verdicts)
+        aside_s = time.perf_counter() - outside
         # The root and the accepted drafts stay attended; rejected and padded slots never are again.
         kept = torch.tensor([verdict.accepted_len + 1 for verdict in verdicts], device=self.device)
         attended[:, -width:] &= torch.arange(width, device=self.device)[None] < kept[:, None]
         cached = attended.shape[1] - width + max(verdict.accepted_len for verdict in verdicts) + 1
         self.attended = crop_batch(self.cache, attended, cached)
         self.drafts.accept([verdict.accepted_len for verdict in verdicts])
-        for row, (drafted, _), verdict in zip(rows, drafts, verdicts):
-            self.commit(row, drafted, verdict, (draft_s, target_s, verify_s), start)
+        for row, (drafted, _), verdict, (shadow_accepted, costs, fidelity_s) in zip(rows, drafts, verdicts, judged):
+            record = StepRecord(drafted=len(drafted), accepted=verdict.accepted_len, relaxed=0,
+                                next_token=verdict.next_token, emitted=0, shadow_accepted=shadow_accepted, fidelity=costs,
+                                fidelity_s=fidelity_s, draft_s=draft_s, target_s=target_s, verify_s=verify_s)  # fmt: skip
+            self.commit(row, drafted, verdict, record, start, aside_s)
 
     def draft(self, rows: list[_Row]) -> list[tuple[list[int], Any]]:
         """Each row's drafts (host token ids) and its ``Draft`` (None without drafts)."""
-        limits = [min(self.settings.gamma, self.settings.max_new_tokens - len(row.tokens) - 1) for row in rows]
+        limits = [min(row.length.next(), self.settings.max_new_tokens - len(row.tokens) - 1) for row in rows]
         proposed = self.drafts.propose([row.context for row in rows], limits, self.sampling, [row.generator for row in rows])
         return [([], None) if draft is None or not len(draft) else (draft.token_list(), draft) for draft in proposed]
 
-    def verify(self, rows: list[_Row], drafts: list[tuple[list[int], Any]], logits: torch.Tensor) -> list[Any]:
-        """Every row's verdict from one ``verify_batch`` call, each row judged on its own logits rows."""
+    def verify_inputs(self, drafts: list[tuple[list[int], Any]], logits: torch.Tensor) -> list[VerifyInput]:
+        """Every row's step, each on its own logits rows (judged together by one ``verify_batch`` call)."""
         steps = []
         # A sampling model drafter gives its distributions; then every row carries some (none: [0, V]).
         with_dists = any(draft is not None and draft.dists is not None for _, draft in drafts)
@@ -188,7 +219,24 @@ class _Batch:
                 draft_probs=self.probs_of(draft, count),
                 draft_dists=(draft.dists if draft is not None else no_dists) if with_dists else None,
             ))  # fmt: skip
-        return self.verifier.verify_batch(batch_steps(steps), generator=[row.generator for row in rows])
+        return steps
+
+    def judge_aside(self, rows: list[_Row], steps: list[VerifyInput], batch: VerifyInput,
+                    verdicts: list[Any]) -> list[tuple[list[int], Any, float]]:  # fmt: skip
+        """Per row: the drafts each shadow keeps (each shadow judging the batch in one call, every row
+        from its own shadow stream), its fidelity costs (None when off or without drafts) and their seconds."""
+        kept = [[verdict.accepted_len] for verdict in verdicts]
+        for shadow in self.shadows:
+            shadow_verdicts = shadow.verify_batch(batch, generator=[row.shadow_generator for row in rows])
+            for row_kept, verdict in zip(kept, shadow_verdicts):
+                row_kept.append(verdict.accepted_len)
+        judged = []
+        for step, verdict, row_kept in zip(steps, verdicts, kept):
+            clock, costs = time.perf_counter(), None
+            if self.fidelity and step.num_drafts:
+                costs = step_costs([self.verifier, *self.shadows], step, row_kept, verdict.accepted.tolist(), chain=True)
+            judged.append((row_kept[1:] if step.num_drafts else [], costs, time.perf_counter() - clock))
+        return judged
 
     def probs_of(self, draft: Any, count: int) -> torch.Tensor:
         """The drafts' q (1 where the drafter gives none), so that every row of the batch carries one."""
@@ -196,23 +244,27 @@ class _Batch:
             return draft.probs.float()
         return torch.ones(count, device=self.device)
 
-    def commit(self, row: _Row, drafted: list[int], verdict: Any, seconds: tuple[float, float, float], start: float) -> None:
-        """The row's accepted drafts and next token, cut at a stop token and the budget; its step record."""
+    def commit(self, row: _Row, drafted: list[int], verdict: Any, record: StepRecord, start: float, aside_s: float) -> None:
+        """The row's accepted drafts and next token, cut at a stop token and the budget; ``record`` (its
+        counts and seconds filled) gets the verdict's decisions. ``aside_s``: the step's seconds spent on
+        shadows and fidelity, left out of the row's finish time."""
         budget = self.settings.max_new_tokens - len(row.tokens)
         proposed = drafted[: verdict.accepted_len] + [verdict.next_token]
         emitted, stopped = cut_at_stop(proposed, self.settings.stop_token_ids, budget)
         row.tokens += emitted
         row.context = torch.cat([row.context, torch.tensor(emitted)])
+        if drafted:
+            row.length.observe(len(drafted), verdict.accepted_len)
         decisions = verdict.decisions
-        draft_s, target_s, verify_s = seconds
-        row.steps.append(StepRecord(
-            drafted=len(drafted), accepted=verdict.accepted_len, relaxed=decisions.relaxed_count,
-            next_token=verdict.next_token, emitted=len(emitted), reasons=decisions.reasons.tolist(),
-            margins=decisions.margin.tolist(), top1_logits=decisions.top1_logit.tolist(),
-            top2_logits=decisions.top2_logit.tolist(),
-            triggered=None if decisions.triggered is None else decisions.triggered.tolist(),
-            draft_s=draft_s, target_s=target_s, verify_s=verify_s,
-        ))  # fmt: skip
+        record.emitted, record.relaxed = len(emitted), decisions.relaxed_count
+        record.reasons, record.margins = decisions.reasons.tolist(), decisions.margin.tolist()
+        record.top1_logits, record.top2_logits = decisions.top1_logit.tolist(), decisions.top2_logit.tolist()
+        record.triggered = None if decisions.triggered is None else decisions.triggered.tolist()
+        row.steps.append(record)
+        row.aside_s += aside_s
         if stopped or len(row.tokens) >= self.settings.max_new_tokens:
             row.reason = "stop_token" if stopped else "max_new_tokens"
-            row.finished_s = time.perf_counter() - start
+        elif row.stop_when is not None and row.stop_when(row.tokens):
+            row.reason = "stop_string"
+        if row.reason is not None:
+            row.finished_s = time.perf_counter() - start - row.aside_s

@@ -1,8 +1,9 @@
 """Drafters over a batch of B rows (``decoding/batched.py``): the same drafts each row gets alone.
 
 ``batch_drafter`` wraps a one-sequence drafter: ``lookup`` proposes per row (it keeps no state and
-costs no forward), ``model`` drafts every row with one batched draft-model forward per draft position
-(``BatchedModelDrafts``). Every other drafter is refused in one line (``check_batch_drafter``).
+costs no forward); ``model`` and ``layerskip`` (a ``ModelDrafter`` over the target's first layers) draft
+every row with one batched draft-model forward per draft position (``BatchedModelDrafts``). The tree
+drafters are refused in one line (``check_batch_drafter``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from mars_bench.drafting.base import Draft, Drafter
 from mars_bench.kvcache import batch_forward, crop_batch, padded_rows, select_batch_rows
 from mars_bench.verification.sampling import RandomStreams, SamplingParams
 
-BATCHED_DRAFTERS = ("lookup", "model")  # besides none (the AR baseline)
+BATCHED_DRAFTERS = ("lookup", "model", "layerskip")  # besides none (the AR baseline)
+MODEL_DRAFTERS = ("model", "layerskip")  # drafted by BatchedModelDrafts
 
 
-def check_batch_drafter(drafter: Drafter | None) -> None:
-    """ValueError, in one line, for a drafter the batched engine does not batch yet."""
-    if drafter is not None and drafter.name not in BATCHED_DRAFTERS:
+def check_batch_drafter(drafter: Drafter | str | None) -> None:
+    """ValueError, in one line, for a drafter (or a drafter's registered name) the batched engine does not batch yet."""
+    name = drafter if isinstance(drafter, str) or drafter is None else drafter.name
+    if name not in (None, "none", *BATCHED_DRAFTERS):
         allowed = ", ".join(("none", *BATCHED_DRAFTERS))
-        raise ValueError(f"drafter={drafter.name!r} is not batched yet (batch_size > 1): allowed are {allowed}")
+        raise ValueError(f"drafter={name!r} is not batched yet (batch_size > 1): allowed are {allowed}")
 
 
 class RowDrafts:
@@ -56,7 +59,7 @@ class RowDrafts:
 
 
 class BatchedModelDrafts(RowDrafts):
-    """``model`` drafting B rows at once, with the one-sequence drafter's model, vocabulary fit and
+    """``model`` or ``layerskip`` drafting B rows at once, with the one-sequence drafter's model, vocabulary fit and
     confidence stop (``ModelDrafter``): each row's drafts are those it drafts alone, up to the
     numerics of a batched matmul.
 
@@ -166,6 +169,6 @@ class BatchedModelDrafts(RowDrafts):
 def batch_drafter(drafter: Drafter | None) -> RowDrafts:
     """The batched form of ``drafter`` (None: the AR baseline's: no drafts)."""
     check_batch_drafter(drafter)
-    if drafter is not None and drafter.name == "model":
+    if drafter is not None and drafter.name in MODEL_DRAFTERS:
         return BatchedModelDrafts(drafter)
     return RowDrafts(drafter)
