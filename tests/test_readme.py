@@ -212,6 +212,7 @@ def test_the_smoke_command(smoke_run):
         ("python -m mars_bench verifier=rejection", "model", "rejection", 1.0),
         ("python -m mars_bench temperature=0 verifier=exact drafter=lookup", "lookup", "exact", 0.0),
         ("python -m mars_bench drafter=model_tree", "model_tree", "mars", 1.0),
+        ("python -m mars_bench drafter=lookup verifier=rejection batch_size=4", "lookup", "rejection", 1.0),
     ],
 )
 def test_each_single_run_command_differs_from_the_main_one_only_in_configuration(prefix, drafter, verifier, temperature):
@@ -295,6 +296,30 @@ def fidelity_of(row: dict) -> dict[str, dict]:
         if cost["draft_tv"] is not None:
             assert cost["accept"] <= cost["positions"] - cost["draft_tv"] + cost["tv"] + 1e-6, label
     return row["fidelity"]
+
+
+BATCHING = "python -m mars_bench -m experiment=batching"
+
+
+def test_the_batching_grid_then_its_analysis(tmp_path, monkeypatch, tiny_target):
+    """The grid as composed (4 batch sizes x 2 tasks x 2 live rules), then run at B = 1 and 2 on one prompt and analysed."""
+    composed = composed_cells(shown(BATCHING))
+    assert len(composed) == 16 and {cfg.batch_size for cfg in composed} == {1, 2, 4, 8}
+    assert {(cfg.task.name, cfg.verifier.name) for cfg in composed} == {
+        (task, rule) for task in ("humaneval", "mt_bench") for rule in ("rejection", "mars")}  # fmt: skip
+    assert all(cfg.temperature == 1.0 and cfg.max_new_tokens == 128 and cfg.task.num_prompts == 8 for cfg in composed)
+    assert [str(spec) for spec in composed[0].shadow] == ["mars(theta=0.9)", "typical(epsilon=0.09,delta=0.3)", "top_m(m=2)"]
+    small = [*TINY_MODEL, *SMALL, "task.num_prompts=2", "task=humaneval", "batch_size=1,2", "verifier=rejection"]
+    assert run(shown(BATCHING), tmp_path, monkeypatch, small) == 0
+    rows = [row for cell in cells_below(tmp_path / "BATCHING") for row in read_rows(cell / "records.jsonl")]
+    assert sorted({(row["batch_size"], row["batch_rows"]) for row in rows}) == [(1, 1), (2, 2)]
+    assert len(rows) == 2 * 2 * 2 and all(row["status"] == "ok" for row in rows)
+    assert run(shown("python -m analysis BATCHING"), tmp_path, monkeypatch) == 0
+    made, _ = index_entries(tmp_path / shown("python -m analysis BATCHING").split("--out ")[1])
+    assert {"settings.md", "table1.md"} <= made
+    settings = (tmp_path / "BATCHING" / "analysis" / "settings.md").read_text()
+    assert "rejection, batch_size=1" in settings and "rejection, batch_size=2" in settings  # each B its own setting
+    assert "latency_p90_s" in settings and "latency_speedup" in settings
 
 
 ZOO = "python -m mars_bench -m experiment=zoo"
