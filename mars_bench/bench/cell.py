@@ -177,39 +177,23 @@ class Cell:
         return self.spec.build_drafter(self.target.model, drafter_model.model if drafter_model else None,
                                        head=self.cfg.model.eagle3_head, tokenizer=self.target.tokenizer)  # fmt: skip
 
+    def decode_settings(self, method: Method, max_new_tokens: int | None) -> dict[str, Any]:
+        """The arguments ``decode`` and ``decode_batch`` share for ``method``: budget, stops, shadows, fidelity, method."""
+        cfg, judged = self.cfg, method.verifier is not None
+        return {"max_new_tokens": max_new_tokens or cfg.max_new_tokens, "stop_token_ids": self.stops,
+                "shadow": list(self.shadows.values()) if judged else (), "fidelity": cfg.fidelity and judged,
+                **method.spec.decode_kwargs()}  # fmt: skip
+
     def decode(self, method: Method, prompt: list[int], seed: int, max_new_tokens: int | None = None) -> DecodeResult:
-        cfg = self.cfg
-        return decode(
-            self.target.model,
-            method.drafter,
-            method.verifier,
-            prompt,
-            max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-            stop_token_ids=self.stops,
-            seed=seed,
-            shadow=list(self.shadows.values()) if method.verifier is not None else (),
-            fidelity=cfg.fidelity and method.verifier is not None,
-            on_tokens=self.on_tokens,
-            **method.spec.decode_kwargs(),
-        )
+        settings = self.decode_settings(method, max_new_tokens)
+        return decode(self.target.model, method.drafter, method.verifier, prompt, seed=seed, on_tokens=self.on_tokens, **settings)
 
     def decode_rows(
         self, method: Method, prompts: list[list[int]], seeds: list[int], max_new_tokens: int | None = None
     ) -> list[DecodeResult]:
         """``prompts`` decoded together by the batched engine, each with its own seed."""
-        cfg = self.cfg
-        return decode_batch(
-            self.target.model,
-            method.drafter,
-            method.verifier,
-            prompts,
-            max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-            stop_token_ids=self.stops,
-            seeds=seeds,
-            shadow=list(self.shadows.values()) if method.verifier is not None else (),
-            fidelity=cfg.fidelity and method.verifier is not None,
-            **method.spec.decode_kwargs(),
-        )
+        settings = self.decode_settings(method, max_new_tokens)
+        return decode_batch(self.target.model, method.drafter, method.verifier, prompts, seeds=seeds, **settings)
 
     def timed(self, decode_now: Callable[[], Any]) -> tuple[Any, Contention, int]:
         """``decode_now()`` while measuring what other processes used; a disturbed decode is timed again
