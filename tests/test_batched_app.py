@@ -97,3 +97,20 @@ def test_a_bad_batch_size_or_an_unbatched_drafter_is_refused_in_one_line_before_
 def test_more_rows_than_prompts_decodes_them_all_in_one_batch(batched_rows, tmp_path):
     rows = run_cell(run_config(*BATCHED, "task.num_prompts=2", "max_new_tokens=4", "batch_size=8"), tmp_path)
     assert len(rows) == 2 * 2 * 2 and all(r["status"] == "ok" and r["batch_rows"] == 2 for r in rows)
+
+
+def test_the_cells_of_a_sweep_at_one_batch_size_share_each_baseline_batch(tmp_path, tiny_target):
+    shared = [*BATCHED, "task.num_prompts=3", "max_new_tokens=4", "batch_size=2", f"baseline_cache={tmp_path / 'baselines'}"]
+    first = run_cell(run_config(*shared, "verifier=rejection"), tmp_path / "rejection", name="rejection")
+    second = run_cell(run_config(*shared, "verifier=mars"), tmp_path / "mars", name="mars")
+    decoded = {(r["question_id"], r["turn"]): r for r in first if r["method"] == "baseline"}
+    copied = [r for r in second if r["method"] == "baseline"]
+    assert len(copied) == len(decoded) == 3 * 2
+    for row in copied:
+        original = decoded[(row["question_id"], row["turn"])]
+        assert row["baseline_from"] == "rejection" and row["cell"] == "mars"
+        assert row["output_ids"] == original["output_ids"] and row["batch_s"] == original["batch_s"]
+        assert row["batch_id"] == original["batch_id"] and row["batch_rows"] == original["batch_rows"]
+    other_size = run_cell(run_config(*shared[:-2], "batch_size=1", f"baseline_cache={tmp_path / 'baselines'}"),
+                          tmp_path / "alone", name="alone")  # fmt: skip
+    assert all(r["baseline_from"] is None for r in other_size)  # a baseline at another batch size never pairs
