@@ -113,7 +113,7 @@ def race(cache_dir: str, records_dir: str, log_dir: str, start: multiprocessing.
             record = Record(cell="c", model="m", target="t", draft_model=None, drafter="d", gamma=1, verifier="v",
                             verifier_setting="", temperature=0.0, top_p=1.0, top_k=0, task="x",
                             seed=0, max_new_tokens=1, dtype="float32", attn_implementation="sdpa", device_map=None,
-                            scorer=None, threads=None, question_id=index, category="", turn=1,
+                            scorer=None, threads=None, batch_size=1, question_id=index, category="", turn=1,
                             method="baseline", output_text=key * 50)  # fmt: skip
             if not writer.has(record.key):
                 writer.write(record)
