@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from mars_bench.bench.baseline_cache import batch_baseline_key
-from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record
+from mars_bench.bench.records import BASELINE, Record
 from mars_bench.tasks import Question
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ def run_batches(cell: Cell, bar: TokenProgress) -> None:
         waiting: list[list[Record]] = []  # method batches decoded before their baseline rows exist
         for method in order:
             for records in method_batches(cell, number, chunk, method):
+                if not records:  # every row of this batch was written before
+                    continue
                 for record in records:
                     bar.add(vars(record))
                 if method.verifier is not None and not all(cell.writer.has((*r.key[:2], BASELINE)) for r in records):
@@ -87,26 +89,27 @@ def method_batches(cell: Cell, number: int, chunk: list[tuple[int, Question]], m
 def decode_batch_turn(cell: Cell, number: int, turn: int, batch: list[Conversation], method: Method) -> list[Record]:
     """The records of one batch: every conversation's turn ``turn`` decoded together (or, for a baseline
     another cell of the sweep decoded, copied); a failure row for each where the batch failed."""
-    from mars_bench.bench.cell import batch_fields, cell_keys, failure_record
+    from mars_bench.bench.cell import batch_fields, failure_record
+
+    def failed(error: Exception) -> list[Record]:
+        return [failure_record(cell.cfg, cell.name, error, c.question, turn, method.label) for c in batch]
 
     try:
         prompts = [cell.prompt_ids(c.messages) for c in batch]
         seeds = [cell.seed(c.index, turn) for c in batch]
     except Exception as error:  # a chat template that cannot take these messages
-        return [failure_record(cell.cfg, cell.name, error, c.question, turn, method.label) for c in batch]
+        return failed(error)
     shared = method.verifier is None and cell.baselines is not None
     rows = [(c.question.question_id, prompt, seed) for c, prompt, seed in zip(batch, prompts, seeds)]
     key = batch_baseline_key(cell.cfg, rows) if shared else ""
     if shared and (kept := cell.baselines.get_or_claim(key)) is not None:
-        keys = cell_keys(cell.cfg, cell.name, cell.spec)
-        return [Record(**{**row, **keys, "baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION})
-                for row in kept["rows"]]  # fmt: skip
+        return [cell.copied_baseline(row) for row in kept["rows"]]
     try:
         results, contention, retimed = cell.timed(lambda: cell.decode_rows(method, prompts, seeds))
     except Exception as error:  # out of memory: every row of the batch says so, and the cell goes on
         if shared:
             cell.baselines.release(key)
-        return [failure_record(cell.cfg, cell.name, error, c.question, turn, method.label) for c in batch]
+        return failed(error)
     records = []
     for conversation, prompt, result, place in zip(batch, prompts, results, batch_fields(number, turn, results)):
         record = cell.record(conversation.question, turn, method, prompt, result, place)

@@ -315,10 +315,7 @@ class Cell:
         shared = method.verifier is None and self.baselines is not None
         key = baseline_key(self.cfg, question.question_id, prompt, seed) if shared else ""
         if shared and (row := self.baselines.get_or_claim(key)) is not None:
-            keys = cell_keys(self.cfg, self.name, self.spec)
-            copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION,
-                      "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
-            return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
+            return self.copied_baseline(row)
         try:
             record = self.decode_and_score(index, question, turn, method, prompt, seed, answers)
             if shared:
@@ -327,6 +324,13 @@ class Cell:
             if shared:
                 self.baselines.release(key)  # a failed decode frees the baseline for another job
         return record
+
+    def copied_baseline(self, row: dict[str, Any]) -> Record:
+        """A baseline row another cell of the sweep decoded, as this cell's record."""
+        keys = cell_keys(self.cfg, self.name, self.spec)
+        copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION,
+                  "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
+        return Record(**{**row, **keys, **copied})  # fields the cached row lacks take their defaults
 
     def decode_and_score(
         self, index: int, question: Question, turn: int, method: Method, prompt: list[int], seed: int, answers: list[str]

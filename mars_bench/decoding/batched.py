@@ -159,10 +159,7 @@ class _Batch:
             first = int(choose_tokens(logits[index, -1:], self.sampling, row.generator)[0])
             row.tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
             row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
-            if stopped or len(row.tokens) >= self.settings.max_new_tokens:
-                row.reason = "stop_token" if stopped else "max_new_tokens"
-            elif row.stop_when is not None and row.stop_when(row.tokens):
-                row.reason = "stop_string"
+            row.reason = self.stop_reason(row, stopped)
             if row.reason is not None:
                 finished.append(row)
         return finished
@@ -190,11 +187,8 @@ class _Batch:
         cached = attended.shape[1] - width + max(verdict.accepted_len for verdict in verdicts) + 1
         self.attended = crop_batch(self.cache, attended, cached)
         self.drafts.accept([verdict.accepted_len for verdict in verdicts])
-        for row, (drafted, _), verdict, (shadow_accepted, costs, fidelity_s) in zip(rows, drafts, verdicts, judged):
-            record = StepRecord(drafted=len(drafted), accepted=verdict.accepted_len, relaxed=0,
-                                next_token=verdict.next_token, emitted=0, shadow_accepted=shadow_accepted, fidelity=costs,
-                                fidelity_s=fidelity_s, draft_s=draft_s, target_s=target_s, verify_s=verify_s)  # fmt: skip
-            self.commit(row, drafted, verdict, record, start, aside_s)
+        for row, (drafted, _), verdict, aside in zip(rows, drafts, verdicts, judged):
+            self.commit(row, drafted, verdict, (draft_s, target_s, verify_s), aside, start, aside_s)
 
     def draft(self, rows: list[_Row]) -> list[tuple[list[int], Any]]:
         """Each row's drafts (host token ids) and its ``Draft`` (None without drafts)."""
@@ -244,10 +238,11 @@ class _Batch:
             return draft.probs.float()
         return torch.ones(count, device=self.device)
 
-    def commit(self, row: _Row, drafted: list[int], verdict: Any, record: StepRecord, start: float, aside_s: float) -> None:
-        """The row's accepted drafts and next token, cut at a stop token and the budget; ``record`` (its
-        counts and seconds filled) gets the verdict's decisions. ``aside_s``: the step's seconds spent on
-        shadows and fidelity, left out of the row's finish time."""
+    def commit(self, row: _Row, drafted: list[int], verdict: Any, seconds: tuple[float, float, float],
+               aside: tuple[list[int], Any, float], start: float, aside_s: float) -> None:  # fmt: skip
+        """The row's accepted drafts and next token, cut at a stop token and the budget; its step record.
+        ``aside``: the row's shadow counts, fidelity costs and their seconds (``judge_aside``); ``aside_s``:
+        the step's seconds spent on shadows and fidelity, left out of the row's finish time."""
         budget = self.settings.max_new_tokens - len(row.tokens)
         proposed = drafted[: verdict.accepted_len] + [verdict.next_token]
         emitted, stopped = cut_at_stop(proposed, self.settings.stop_token_ids, budget)
@@ -256,15 +251,28 @@ class _Batch:
         if drafted:
             row.length.observe(len(drafted), verdict.accepted_len)
         decisions = verdict.decisions
-        record.emitted, record.relaxed = len(emitted), decisions.relaxed_count
-        record.reasons, record.margins = decisions.reasons.tolist(), decisions.margin.tolist()
-        record.top1_logits, record.top2_logits = decisions.top1_logit.tolist(), decisions.top2_logit.tolist()
-        record.triggered = None if decisions.triggered is None else decisions.triggered.tolist()
-        row.steps.append(record)
+        draft_s, target_s, verify_s = seconds
+        shadow_accepted, costs, fidelity_s = aside
+        row.steps.append(StepRecord(
+            drafted=len(drafted), accepted=verdict.accepted_len, relaxed=decisions.relaxed_count,
+            next_token=verdict.next_token, emitted=len(emitted), reasons=decisions.reasons.tolist(),
+            margins=decisions.margin.tolist(), top1_logits=decisions.top1_logit.tolist(),
+            top2_logits=decisions.top2_logit.tolist(),
+            triggered=None if decisions.triggered is None else decisions.triggered.tolist(),
+            shadow_accepted=shadow_accepted, fidelity=costs, fidelity_s=fidelity_s,
+            draft_s=draft_s, target_s=target_s, verify_s=verify_s,
+        ))  # fmt: skip
         row.aside_s += aside_s
-        if stopped or len(row.tokens) >= self.settings.max_new_tokens:
-            row.reason = "stop_token" if stopped else "max_new_tokens"
-        elif row.stop_when is not None and row.stop_when(row.tokens):
-            row.reason = "stop_string"
+        row.reason = self.stop_reason(row, stopped)
         if row.reason is not None:
             row.finished_s = time.perf_counter() - start - row.aside_s
+
+    def stop_reason(self, row: _Row, at_stop_token: bool) -> str | None:
+        """Why ``row`` ends after its tokens so far (as ``decode`` says it), or None while it goes on."""
+        if at_stop_token:
+            return "stop_token"
+        if len(row.tokens) >= self.settings.max_new_tokens:
+            return "max_new_tokens"
+        if row.stop_when is not None and row.stop_when(row.tokens):
+            return "stop_string"
+        return None
