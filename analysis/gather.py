@@ -23,7 +23,8 @@ OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "dr
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
             "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
-PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted")
+PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted", "step_drafted",
+                "step_draft_s", "step_target_s")
 
 
 class NoRecordsError(ValueError):

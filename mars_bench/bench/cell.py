@@ -3,6 +3,7 @@ configured method, order alternating per question, each turn written as one reco
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from mars_bench.bench.batches import run_batches
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
+from mars_bench.bench.peak_memory import PeakMemory
 from mars_bench.bench.progress import TokenProgress
 from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
 from mars_bench.bench.run_folder import CELL_CLAIM, write_config
@@ -28,6 +30,7 @@ from mars_bench.decoding.batched import decode_batch
 from mars_bench.drafting import drafter_needs_model
 from mars_bench.method import MethodSpec
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.placement import input_device
 from mars_bench.settings import plugin_label, setting_string
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
@@ -163,6 +166,7 @@ class Cell:
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
         self.meter = ContentionMeter()
+        self.memory = PeakMemory(input_device(self.target.model))
         self.on_tokens: Callable[[int], None] | None = None  # the progress bar's, while the rows are decoded
 
     def build_scorer(self) -> Any:
@@ -202,8 +206,9 @@ class Cell:
         cfg, retimed = self.cfg, 0
         while True:
             self.meter.start()
+            self.memory.start()
             result = decode_now()
-            contention = self.meter.stop()
+            contention = dataclasses.replace(self.meter.stop(), peak_memory_mb=self.memory.stop())
             if retimed >= cfg.retry_disturbed or not contention.disturbed(cfg.disturbed_load, cfg.disturbed_gpu_util):
                 return result, contention, retimed
             self.meter.wait_until_idle(cfg.disturbed_load, cfg.disturbed_gpu_util)
@@ -380,6 +385,9 @@ class Cell:
             accepted_per_depth=accepted,
             reached_per_depth=reached,
             step_accepted=[step.accepted for step in result.steps],
+            step_drafted=[step.drafted for step in result.steps],
+            step_draft_s=[step.draft_s for step in result.steps],
+            step_target_s=[step.target_s for step in result.steps],
             shadow_accepted=dict(zip(self.shadows, result.shadow_accepted(len(self.shadows)))) if is_method else {},
             trigger_count=result.trigger_count,
             **self.fidelity_fields(method, result),

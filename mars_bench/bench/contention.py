@@ -50,6 +50,7 @@ class Contention:
     wall_s: float
     other_cpu_s: float | None  # None: the machine's busy time is not readable here; may dip below 0 by a tick
     other_gpu_util: float | None  # the largest SM share another process had (percent); None: no NVML
+    peak_memory_mb: float | None = None  # this process's peak memory in the interval (bench/peak_memory.py)
 
     @property
     def other_load(self) -> float | None:
@@ -68,6 +69,7 @@ class Contention:
             "other_cpu_s": None if self.other_cpu_s is None else round(max(0.0, self.other_cpu_s), 3),
             "other_load": None if load is None else round(load, 3),
             "other_gpu_util": self.other_gpu_util,
+            "peak_memory_mb": None if self.peak_memory_mb is None else round(self.peak_memory_mb, 1),
         }
 
 

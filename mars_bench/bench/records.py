@@ -19,13 +19,15 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
-SCHEMA_VERSION = 8  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 9  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
 # 7: attn_implementation, device_map, scorer, threads (with the others, every one of BASELINE_CONDITIONS);
 #    no theta, guard (MARS's settings, written for every verifier: verifier_setting holds every verifier's)
 # 8: batch_size (a baseline condition), batch_id, batch_rows, batch_s, finish_s (rows decoded B at a time)
+# 9: step_drafted, step_draft_s, step_target_s (per step: what the cost model at batch B needs, analysis/batching.py),
+#    peak_memory_mb
 RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has now (readers: analysis/gather.py)
 
 # What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
@@ -80,6 +82,10 @@ class Record:
     accepted_per_depth: list[int] = field(default_factory=list)
     reached_per_depth: list[int] = field(default_factory=list)
     step_accepted: list[int] = field(default_factory=list)
+    step_drafted: list[int] = field(default_factory=list)  # drafts judged per step (aligned with step_accepted)
+    # seconds of each step's drafting and target forward; at batch B they are the batch's step, shared by its rows
+    step_draft_s: list[float] = field(default_factory=list)
+    step_target_s: list[float] = field(default_factory=list)
     shadow_accepted: dict[str, list[int]] = field(default_factory=dict)  # shadow verifier -> drafts kept per drafting step
     trigger_count: int | None = None  # verified positions where the verifier's own trigger fired; None: it has none
     # fidelity=true: per verifier label (the live one first, then each shadow), its costs summed over the
@@ -108,6 +114,7 @@ class Record:
     other_cpu_s: float | None = None  # CPU seconds other processes used while this row was timed (None: not measurable)
     other_load: float | None = None  # the cores they kept busy on average (bench/contention.py)
     other_gpu_util: float | None = None  # the largest GPU multiprocessor share (percent) another process had
+    peak_memory_mb: float | None = None  # the process's peak memory while the row (its batch) was timed, weights included
     disturbed: bool = False  # timed while others used more than the run's thresholds: left out of speedups by default
     retimed: int = 0  # how often this row was decoded again because its timing was disturbed (retry_disturbed)
     stop_reason: str = ""
