@@ -17,7 +17,7 @@ import pandas as pd
 from mars_bench.bench.summary import disturbed_note, disturbed_rows
 from mars_bench.files import atomic_replace
 
-from . import acceptance, fidelity, figures
+from . import acceptance, batching, fidelity, figures
 from .cells import INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups
 from .gather import Gathered, NoRecordsError, gather_runs
 from .quality import quality_table
@@ -55,6 +55,12 @@ DESCRIPTIONS = {
     "frontier": "expected acceptance against mean KL and mean TV per position, and expected tau against KL, one line "
     "per rule family over its parameters, the strict rule a star, with the bounds 1 - TV(q, p) + TV and "
     "1 - TV(q, p) + sqrt(KL / 2).",
+    "batching": "per task, rule and batch size B: the throughput speedup over the baseline at the same B (all rows' new "
+    "tokens over the batches' wall time), the per-request latency speedup, tau, the peak memory, the speedup over the "
+    "strict rule at the same B; with the forward costs of `python -m mars_bench.perf.batch_costs` beside the records, "
+    "the cost model's predicted speedup and measured / predicted (batching_model: the model's speedup at every timed B "
+    "and the crossover, the smallest B where it falls below 1); batching_shadows: each shadow rule's tokens per step "
+    "on the live rule's drafts over the live rule's; the figure draws them against B.",
     "decomposition": "per cell in sweep order (then pooled over tasks): tau (pooled, and its mean per request), speedup "
     "with its CI, the live verifier's sequence-level KL to the target per generated token (nats), its deviation rate (TV "
     "per generated token) and the score with its CI: where a sweep's gain comes from, step by step.",
@@ -117,9 +123,12 @@ def settings_shown(summary: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -> Report:
+def write_all(
+    frame: pd.DataFrame, out: Path, include_disturbed: bool = False, costs: batching.BatchCosts | None = None
+) -> Report:
     """Every artefact the records support; ``include_disturbed``: the speedups count rows whose timing
-    other processes disturbed (the tables still count them in ``disturbed``)."""
+    other processes disturbed (the tables still count them in ``disturbed``); ``costs``: the forward
+    costs at batch B, for the batching table's predictions."""
     report = Report(out)
     write_parquet(frame, out / "records.parquet")
     runs = frame["run_dir"].nunique()
@@ -147,7 +156,31 @@ def write_all(frame: pd.DataFrame, out: Path, include_disturbed: bool = False) -
     report.make("quality", lambda: report.table("quality", quality_table(frame), {"p_value": "{:.3f}", "prompts": "{}"}))
     write_acceptance(frame, report)
     write_fidelity(frame, report, include_disturbed)
+    report.make("batching", lambda: write_batching(frame, report, costs, include_disturbed))
     return report
+
+
+BATCHING_FORMATS = {"speedup": "{:.3f}", "latency_speedup": "{:.3f}", "predicted_speedup": "{:.3f}",
+                    "measured_over_predicted": "{:.3f}", "target_in_run_over_model": "{:.3f}", "tau": "{:.2f}",
+                    "tau_ci_low": "{:.2f}", "tau_ci_high": "{:.2f}",
+                    "gain_over_strict": "{:.3f}", "peak_memory_mb": "{:,.0f}", "peak_memory_base_mb": "{:,.0f}",
+                    "modelled_step_s": "{:.1f}", "modelled_speedup": "{:.3f}", "tau_gain": "{:.3f}", "prompts": "{}",
+                    "disturbed": "{}", "batch_size": "{}", "batches": "{}"}  # fmt: skip
+
+
+def write_batching(frame: pd.DataFrame, report: Report, costs: batching.BatchCosts | None, include_disturbed: bool) -> list[str]:
+    """The batching table, the cost model's extrapolation (with costs), the shadows' gains and the figure."""
+    table = batching.batching_table(frame, costs, include_disturbed)
+    names = report.table("batching", table, BATCHING_FORMATS)
+    model = batching.extrapolated(frame, costs) if costs is not None else None
+    if model is not None:
+        names += report.table("batching_model", model, BATCHING_FORMATS)
+    try:
+        gains = batching.shadow_gains(frame)
+        names += report.table("batching_shadows", gains, BATCHING_FORMATS)
+    except NotEnoughData:
+        gains = None
+    return [*names, figures.batching(table, model, gains, report.out / "batching.png").name]
 
 
 ALPHA_FORMATS = {"alpha": "{:.3f}", "alpha_ci_low": "{:.3f}", "alpha_ci_high": "{:.3f}"}
@@ -313,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     disturbed = disturbed_line(frame, args.include_disturbed)
-    report = write_all(frame, out, args.include_disturbed)
+    report = write_all(frame, out, args.include_disturbed, batching.find_costs(args.folders))
     for note in report.notes:
         print(f"analysis: {note}", file=sys.stderr)
     notes = [f"{note[0].upper()}{note[1:]}." for note in report.notes]

@@ -359,3 +359,62 @@ def frontier(table: pd.DataFrame, path: Path) -> Path:
     figure.suptitle(f"Acceptance against fidelity to the target ({records} records; "
                     f"rules pooled over the settings whose drafts judged them)\n{_title(table)}", fontsize=9)  # fmt: skip
     return _save(figure, path)
+
+
+def batching(table: pd.DataFrame, model: pd.DataFrame | None, gains: pd.DataFrame | None, path: Path) -> Path:
+    """Against the batch size B (log 2 axis), one colour per task and one line style per rule: the
+    throughput speedup over the baseline at the same B (hollow: the cost model's prediction for the run's
+    batches; dotted: its extrapolation to every timed B), the per-request latency speedup, tau with its
+    95% CI (flat if batching leaves acceptance alone), and each lossy rule's gain over the strict rule
+    (live: its speedup over the strict rule's; dotted, shadows: tokens per step on the strict rule's drafts)."""
+    if table.empty:
+        raise NotEnoughData("no batching rows to draw")
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8.5), layout="constrained")
+    (speed_axis, latency_axis), (tau_axis, gain_axis) = axes
+    colours = dict(zip(sorted(table["task"].unique()), itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])))
+    styles = dict(zip(sorted(table["rule"].unique()), itertools.cycle(["-", "--", "-.", ":"])))
+    markers = dict(zip(sorted(table["rule"].unique()), itertools.cycle("osD^v")))
+    for (task, rule), rows in table.groupby(["task", "rule"], sort=True):
+        rows = rows.sort_values("batch_size")
+        look = {"color": colours[task], "linestyle": styles[rule], "marker": markers[rule], "label": f"{task}, {rule}"}
+        speed_axis.plot(rows["batch_size"], rows["speedup"], **look)
+        if "predicted_speedup" in rows and rows["predicted_speedup"].notna().any():
+            speed_axis.plot(rows["batch_size"], rows["predicted_speedup"], color=colours[task], marker=markers[rule],
+                            linestyle="none", fillstyle="none", markersize=10)  # fmt: skip
+        latency_axis.plot(rows["batch_size"], rows["latency_speedup"], **look)
+        tau_axis.errorbar(rows["batch_size"], rows["tau"], yerr=_error_bars(rows["tau"], rows["tau_ci_low"], rows["tau_ci_high"]),
+                          capsize=3, **look)  # fmt: skip
+        if not np.allclose(rows["gain_over_strict"].dropna(), 1.0):
+            live = {**look, "label": f"{task}, {rule} live: speedup / strict's"}
+            gain_axis.plot(rows["batch_size"], rows["gain_over_strict"], **live)
+    if model is not None:
+        for (task, _rule), rows in model.groupby(["task", "rule"], sort=True):
+            rows = rows.sort_values("batch_size")
+            speed_axis.plot(rows["batch_size"], rows["modelled_speedup"], color=colours.get(task, "grey"), linestyle=":",
+                            linewidth=1, alpha=0.8)  # fmt: skip
+    strict = set(table["rule"][table["rule"] == table["temperature"].map(strict_verifier)])
+    if gains is not None and not gains.empty:
+        for (task, live, shadow), rows in gains[gains["live"].isin(strict)].groupby(["task", "live", "shadow"], sort=True):
+            rows = rows.sort_values("batch_size")
+            gain_axis.plot(rows["batch_size"], rows["tau_gain"], color=colours.get(task, "grey"), linestyle=":", marker=".",
+                           label=f"{task}, {shadow} (shadow): tokens per step / {live}'s")  # fmt: skip
+    for axis, label in ((speed_axis, "throughput speedup over AR at the same B"),
+                        (latency_axis, "per-request latency speedup over AR at the same B"),
+                        (tau_axis, "tau (tokens per verification step, pooled; 95% CI)"),
+                        (gain_axis, "gain over the strict rule")):  # fmt: skip
+        axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+        axis.set_xlabel("batch size B", fontsize=8)
+        axis.set_ylabel(label, fontsize=8)
+        axis.grid(alpha=0.3)
+        if axis is not tau_axis:
+            axis.axhline(1.0, color="black", linewidth=0.8)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=6, loc="best")
+    if model is not None or ("predicted_speedup" in table and table["predicted_speedup"].notna().any()):
+        speed_axis.set_title("hollow: the cost model for the run's batches; dotted: the cost model at every timed B", fontsize=7)
+    if not gain_axis.get_legend_handles_labels()[0]:
+        _no_data(gain_axis, "no lossy rule beside a strict one (live or as a shadow)")
+    figure.suptitle(f"Speculative decoding at batch B ({int(table['prompts'].max())} prompts per point)\n{_title(table)}",
+                    fontsize=9)  # fmt: skip
+    return _save(figure, path)

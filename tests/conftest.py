@@ -16,6 +16,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import pytest
 # 2-core machine; with sleeping threads it took 9-10 s on either.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The cores this process may use: all of the machine's, or under pytest-xdist (``-n N``) its share of them.
@@ -490,9 +492,60 @@ def tiny_target() -> Path:
 
 # A record's fields that time its decode or say what else ran meanwhile: two runs of the same seeds agree on all others.
 TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s", "batch_s", "finish_s",
-         "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed"}  # fmt: skip
+         "step_draft_s", "step_target_s", "other_cpu_s", "other_load", "other_gpu_util", "peak_memory_mb", "disturbed",
+         "retimed"}  # fmt: skip
 
 
 def without_times(row: dict) -> dict:
     """A record without its ``TIMES`` fields."""
     return {key: value for key, value in row.items() if key not in TIMES}
+
+
+# --- counting host syncs (tests/test_tree_device.py, tests/test_batched_engine.py) -------------------------
+
+HOST_READS = {
+    torch.Tensor.tolist,
+    torch.Tensor.item,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+}
+
+
+class OnDevice(torch.Tensor):
+    """A tensor that stands for one on an accelerator (ops on it give OnDevice tensors too).
+
+    It lives on the CPU, so ``.to`` its own device cannot be told from ``.to`` the host: the
+    count covers the reads (``HOST_READS``), the way every host copy in mars_bench is written.
+    """
+
+
+class HostSyncs(TorchFunctionMode):
+    """Counts the host reads made while it is active (``count``; ``calls`` by function).
+
+    ``only_on_device``: count only copies of ``OnDevice`` tensors (host inputs such as the
+    CPU ``parents`` cost no sync) and hand back a plain tensor from each copy. Otherwise every
+    copy counts: a drafter's only host input is the context, which it never reads.
+    """
+
+    def __init__(self, only_on_device: bool = False) -> None:
+        super().__init__()
+        self.only_on_device, self.calls = only_on_device, Counter()
+
+    @property
+    def count(self) -> int:
+        return sum(self.calls.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        copy = func in HOST_READS
+        marked = any(isinstance(arg, OnDevice) for arg in args)
+        if copy and (marked or not self.only_on_device):
+            self.calls[func.__name__] += 1
+        result = func(*args, **kwargs)
+        if copy and marked and isinstance(result, OnDevice):
+            result = result.as_subclass(torch.Tensor)
+        return result

@@ -191,7 +191,7 @@ def test_run_then_analyse_then_rescore(tmp_path, monkeypatch, tiny_target):
     made, skipped = index_entries(report)
     assert {"records.parquet", "settings.md", "table1.md", "table1.tex", "quality.md", "pareto.png", "alpha_per_depth.png",
             "margin_histograms.png", "acceptance_by_margin.png"} <= made  # fmt: skip
-    assert skipped == {"threshold ablation", "shadow", "fidelity"}  # one theta; no shadow verifiers; fidelity off
+    assert skipped == {"threshold ablation", "shadow", "fidelity", "batching"}  # one theta, no shadows, fidelity off, B = 1
     assert "/tmp" not in (report / "index.md").read_text()  # it names no folder of this machine
 
     assert run(shown("python -m mars_bench.bench.rescore"), tmp_path, monkeypatch) == 0
@@ -259,7 +259,7 @@ def test_the_papers_threshold_ablation_then_its_analysis(ablation):
     assert [row["baseline_from"] is None for row in baselines].count(True) == 1  # decoded once, by the first cell, then copied
     assert len({(tuple(row["output_ids"]), row["decode_s"]) for row in baselines}) == 1
     made, skipped = index_entries(ablation / shown(ABLATION_ANALYSIS).split("--out ")[1])
-    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and skipped == {"fidelity"}
+    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and skipped == {"fidelity", "batching"}
 
 
 THRESHOLD_SWEEP = "python -m mars_bench -m verifier=mars"
@@ -299,10 +299,12 @@ def fidelity_of(row: dict) -> dict[str, dict]:
 
 
 BATCHING = "python -m mars_bench -m experiment=batching"
+BATCH_COSTS = "python -m mars_bench.perf.batch_costs BATCHING"
 
 
-def test_the_batching_grid_then_its_analysis(tmp_path, monkeypatch, tiny_target):
-    """The grid as composed (4 batch sizes x 2 tasks x 2 live rules), then run at B = 1 and 2 on one prompt and analysed."""
+def test_the_batching_grid_then_its_forward_costs_then_its_analysis(tmp_path, monkeypatch, tiny_target):
+    """The grid as composed (4 batch sizes x 2 tasks x 2 live rules), then run at B = 1 and 2 on two prompts, its
+    forward costs timed at B = 1 and 2 (three widths), and analysed: measured against the cost model."""
     composed = composed_cells(shown(BATCHING))
     assert len(composed) == 16 and {cfg.batch_size for cfg in composed} == {1, 2, 4, 8}
     assert {(cfg.task.name, cfg.verifier.name) for cfg in composed} == {
@@ -314,9 +316,18 @@ def test_the_batching_grid_then_its_analysis(tmp_path, monkeypatch, tiny_target)
     rows = [row for cell in cells_below(tmp_path / "BATCHING") for row in read_rows(cell / "records.jsonl")]
     assert sorted({(row["batch_size"], row["batch_rows"]) for row in rows}) == [(1, 1), (2, 2)]
     assert len(rows) == 2 * 2 * 2 and all(row["status"] == "ok" for row in rows)
+    assert all(len(row["step_drafted"]) == row["steps"] == len(row["step_target_s"]) for row in rows)
+    assert all(row["peak_memory_mb"] > 0 for row in rows)  # Linux: the process's resident high-water mark
+    small_costs = ["--batch-sizes", "1", "2", "--widths", "1", "2", "3", "--repeats", "1", "--context", "16"]
+    assert run(shown(BATCH_COSTS), tmp_path, monkeypatch, small_costs) == 0
+    costs = json.loads((tmp_path / "BATCHING" / "batch_costs.json").read_text())
+    assert set(costs["target_s"]) == set(costs["drafter_s"]) == {"1", "2"} and set(costs["target_s"]["2"]) == {"1", "2", "3"}
+    assert costs["target"] == str(TINY_TARGET) and costs["drafter_setting"]["name"] == "model"
     assert run(shown("python -m analysis BATCHING"), tmp_path, monkeypatch) == 0
     made, _ = index_entries(tmp_path / shown("python -m analysis BATCHING").split("--out ")[1])
-    assert {"settings.md", "table1.md"} <= made
+    assert {"settings.md", "table1.md", "batching.md", "batching_model.md", "batching_shadows.md", "batching.png"} <= made
+    batching = (tmp_path / "BATCHING" / "analysis" / "batching.csv").read_text().splitlines()
+    assert len(batching) == 1 + 2 and "predicted_speedup" in batching[0]  # rejection at B = 1 and 2
     settings = (tmp_path / "BATCHING" / "analysis" / "settings.md").read_text()
     assert "rejection, batch_size=1" in settings and "rejection, batch_size=2" in settings  # each B its own setting
     assert "latency_p90_s" in settings and "latency_speedup" in settings

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
-from conftest import tiny_model
-from torch.overrides import TorchFunctionMode
+from conftest import HostSyncs, OnDevice, tiny_model
 
 from mars_bench import build_drafter
 from mars_bench.drafting.eagle3 import Eagle3Drafter, Eagle3Settings, eagle3_head_from_state, random_head_state
@@ -190,54 +189,6 @@ def test_the_tree_attention_mask_covers_the_prefix_the_ancestors_and_the_node():
 
 
 # --- counting host syncs ---------------------------------------------------------------------
-
-HOST_READS = {
-    torch.Tensor.tolist,
-    torch.Tensor.item,
-    torch.Tensor.cpu,
-    torch.Tensor.numpy,
-    torch.Tensor.__bool__,
-    torch.Tensor.__int__,
-    torch.Tensor.__float__,
-    torch.Tensor.__index__,
-}
-
-
-class OnDevice(torch.Tensor):
-    """A tensor that stands for one on an accelerator (ops on it give OnDevice tensors too).
-
-    It lives on the CPU, so ``.to`` its own device cannot be told from ``.to`` the host: the
-    count covers the reads (``HOST_READS``), the way every host copy in mars_bench is written.
-    """
-
-
-class HostSyncs(TorchFunctionMode):
-    """Counts the host reads made while it is active (``count``; ``calls`` by function).
-
-    ``only_on_device``: count only copies of ``OnDevice`` tensors (host inputs such as the
-    CPU ``parents`` cost no sync) and hand back a plain tensor from each copy. Otherwise every
-    copy counts: a drafter's only host input is the context, which it never reads.
-    """
-
-    def __init__(self, only_on_device: bool = False) -> None:
-        super().__init__()
-        self.only_on_device, self.calls = only_on_device, Counter()
-
-    @property
-    def count(self) -> int:
-        return sum(self.calls.values())
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        copy = func in HOST_READS
-        marked = any(isinstance(arg, OnDevice) for arg in args)
-        if copy and (marked or not self.only_on_device):
-            self.calls[func.__name__] += 1
-        result = func(*args, **kwargs)
-        if copy and marked and isinstance(result, OnDevice):
-            result = result.as_subclass(torch.Tensor)
-        return result
-
 
 def eagle3_drafter(top_k: int, tree_tokens: int) -> tuple[Eagle3Drafter, torch.nn.Module]:
     target = tiny_model("llama", layers=4, vocab=96)

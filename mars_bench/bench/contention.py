@@ -69,7 +69,7 @@ class Contention:
             "other_cpu_s": None if self.other_cpu_s is None else round(max(0.0, self.other_cpu_s), 3),
             "other_load": None if load is None else round(load, 3),
             "other_gpu_util": self.other_gpu_util,
-            "peak_memory_mb": None if self.peak_memory_mb is None else round(self.peak_memory_mb, 1),
+            **({} if self.peak_memory_mb is None else {"peak_memory_mb": round(self.peak_memory_mb, 1)}),
         }
 
 

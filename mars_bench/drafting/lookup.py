@@ -53,7 +53,7 @@ class LookupDrafter(Drafter):
                 start = int(hits[-1]) + n
                 tokens = context[start : start + max_drafts]
                 if tokens.numel():
-                    return Draft(tokens.to(self.device), probs=torch.ones(tokens.numel(), device=self.device))
+                    return Draft(tokens.to(self.device), probs=torch.ones(tokens.numel(), device=self.device), host_tokens=tokens)
         return empty_draft(self.device)
 
 

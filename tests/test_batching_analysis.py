@@ -1,0 +1,146 @@
+"""analysis/batching.py: the cost model at batch B gives the seconds worked out by hand from the forward
+costs; the batching table's measured and predicted speedups equal hand-computed values from synthetic
+records; a disturbed batch leaves the speedups on both sides; the command writes the table, the model's
+extrapolation and the figure where ``batch_costs.json`` lies beside the records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mars_bench.analysis.__main__ import main
+from mars_bench.analysis.batching import BatchCosts, batching_table, extrapolated, find_costs, modelled_steps_s
+from mars_bench.analysis.cells import NotEnoughData
+from mars_bench.analysis.gather import gather
+
+SIZES, WIDTHS = (1, 2, 4), (1, 2, 3, 4, 5)
+
+
+def linear_costs(target_per_token: float = 0.01, target_fixed: float = 0.1) -> dict:
+    """Forward costs linear in B x width: target ``fixed + per_token * B * w``, drafter ``0.01 + 0.001 * B * w``."""
+    return {
+        "target_s": {str(b): {str(w): target_fixed + target_per_token * b * w for w in WIDTHS} for b in SIZES},
+        "drafter_s": {str(b): {str(w): 0.01 + 0.001 * b * w for w in WIDTHS} for b in SIZES},
+    }
+
+
+def costs(**kwargs) -> BatchCosts:
+    data = linear_costs(**kwargs)
+    return BatchCosts(data["target_s"], data["drafter_s"])
+
+
+def target(b, w):
+    return 0.1 + 0.01 * b * w
+
+
+def drafter(b, w):
+    return 0.01 + 0.001 * b * w
+
+
+def test_interpolation_is_exact_on_linear_costs_and_extends_past_the_deepest_width():
+    model = costs()
+    assert model.target_s(3, 2) == pytest.approx(target(3, 2))  # between timed batch sizes
+    assert model.target_s(2, 7) == pytest.approx(target(2, 7))  # past the deepest width timed
+    assert model.drafter_s(4, 4) == pytest.approx(drafter(4, 4))
+
+
+def test_the_modelled_steps_of_a_batch_are_the_forwards_worked_out_by_hand():
+    # row A drafts 3 (all accepted), then 2 (none); row B drafts 1 (rejected) and finishes
+    rows = [([3, 2], [3, 0]), ([1], [0])]
+    first = target(2, 4) + drafter(2, 2) + 2 * drafter(2, 1)  # deepest draft 3: a feed of 2 (the first step), 2 more
+    second = target(1, 3) + drafter(1, 2) + 1 * drafter(1, 1)  # A alone, its feed 2 tokens (it accepted all 3)
+    assert modelled_steps_s(rows, costs()) == pytest.approx(first + second)
+    assert modelled_steps_s([([0, 0, 0], [0, 0, 0])] * 2, costs()) == pytest.approx(3 * target(2, 1))  # AR: no drafter
+
+
+def record(question, method, size, batch, seconds, tokens, drafted, accepted, *, verifier="rejection", disturbed=False):
+    setting = "theta=0.9,guard=never,correction=residual" if verifier == "mars" else ""
+    return {
+        "cell": f"{verifier}_{size}", "model": "qwen", "drafter": "model", "task": "humaneval", "temperature": 1.0,
+        "verifier": verifier, "verifier_setting": setting, "question_id": question, "turn": 1, "method": method,
+        "status": "ok", "new_tokens": tokens, "prefill_s": 0.5, "decode_s": seconds - 0.5, "steps": len(drafted),
+        "accepted": sum(accepted), "drafted": sum(drafted), "step_drafted": drafted, "step_accepted": accepted,
+        "step_target_s": [0.2] * len(drafted), "step_draft_s": [0.01] * len(drafted), "batch_size": size,
+        "batch_id": f"{batch}.1", "batch_rows": size, "batch_s": seconds, "finish_s": seconds, "disturbed": disturbed,
+        "peak_memory_mb": 1000.0 + 10 * size, "schema_version": 9,
+    }  # fmt: skip
+
+
+def write_cell(folder, rows):
+    folder.mkdir(parents=True)
+    (folder / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def ar(question, size, batch, seconds, tokens, disturbed=False, verifier="rejection"):
+    return record(question, "baseline", size, batch, seconds, tokens, [0] * (tokens - 1), [0] * (tokens - 1),
+                  verifier=verifier, disturbed=disturbed)  # fmt: skip
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Two prompts of 5 tokens at B = 1 and 2, rejection and mars, each cell with its own baseline."""
+    for verifier, speed in (("rejection", 1.0), ("mars", 0.8)):
+        write_cell(tmp_path / "sweep" / f"{verifier}_1", [
+            ar(0, 1, 0, 4.0, 5, verifier=verifier), ar(1, 1, 1, 4.0, 5, verifier=verifier),
+            record(0, verifier, 1, 0, 2.0 * speed, 5, [2, 2], [2, 0], verifier=verifier),
+            record(1, verifier, 1, 1, 2.0 * speed, 5, [2, 2], [1, 1], verifier=verifier)])  # fmt: skip
+        write_cell(tmp_path / "sweep" / f"{verifier}_2", [
+            ar(0, 2, 0, 5.0, 5, verifier=verifier), ar(1, 2, 0, 5.0, 5, verifier=verifier),
+            record(0, verifier, 2, 0, 4.0 * speed, 5, [2, 2], [2, 0], verifier=verifier),
+            record(1, verifier, 2, 0, 4.0 * speed, 5, [2, 2], [1, 1], verifier=verifier)])  # fmt: skip
+    return tmp_path / "sweep"
+
+
+def test_the_batching_table_gives_the_hand_computed_speedups_and_predictions(sweep):
+    table = batching_table(gather([sweep]), costs())
+    row = table[(table["rule"] == "rejection") & (table["batch_size"] == 2)].iloc[0]
+    assert row["speedup"] == pytest.approx((10 / 4.0) / (10 / 5.0))  # one batch a side: tokens over its wall time
+    ar_s = 0.5 + 4 * target(2, 1)  # the measured prefill, then 4 steps of two rows
+    # step 1: both rows draft 2 (feed 2); step 2: row 0 accepted all, so its feed is 2 tokens
+    spec_s = 0.5 + 2 * (target(2, 3) + drafter(2, 2) + drafter(2, 1))
+    assert row["predicted_speedup"] == pytest.approx(ar_s / spec_s)
+    assert row["measured_over_predicted"] == pytest.approx(row["speedup"] / row["predicted_speedup"])
+    assert row["tau"] == pytest.approx((4 + 4) / 4)  # 4 tokens after the prefill's, 2 steps, per row
+    assert row["peak_memory_mb"] == 1020.0 and row["prompts"] == 2 and row["disturbed"] == 0
+    mars = table[(table["rule"].str.startswith("mars")) & (table["batch_size"] == 2)].iloc[0]
+    assert mars["gain_over_strict"] == pytest.approx(1 / 0.8)  # the strict rule at T = 1 is rejection
+    assert mars["rule"] == "mars (theta=0.9)"  # the rule and its theta
+    without = batching_table(gather([sweep]), None)
+    assert "predicted_speedup" not in without and without["speedup"].tolist() == table["speedup"].tolist()
+
+
+def test_a_disturbed_batch_leaves_its_prompts_out_on_both_sides_unless_asked(tmp_path):
+    rows = [ar(0, 2, 0, 5.0, 5, disturbed=True), ar(1, 2, 0, 5.0, 5, disturbed=True), ar(2, 2, 1, 6.0, 5), ar(3, 2, 1, 6.0, 5),
+            *[record(q, "rejection", 2, q // 2, 3.0, 5, [2, 2], [1, 1]) for q in range(4)]]  # fmt: skip
+    write_cell(tmp_path / "s" / "a", rows)
+    write_cell(tmp_path / "s" / "b", [ar(0, 1, 0, 4.0, 5), record(0, "rejection", 1, 0, 2.0, 5, [2, 2], [1, 1])])
+    table = batching_table(gather([tmp_path / "s"]), None).set_index("batch_size")
+    assert table.loc[2, "disturbed"] == 2 and table.loc[2, "prompts"] == 2
+    assert table.loc[2, "speedup"] == pytest.approx((10 / 3.0) / (10 / 6.0))  # the undisturbed batch only
+    counted = batching_table(gather([tmp_path / "s"]), None, include_disturbed=True).set_index("batch_size")
+    assert counted.loc[2, "speedup"] == pytest.approx((20 / 6.0) / (20 / 11.0)) and counted.loc[2, "prompts"] == 4
+
+
+def test_the_model_extrapolates_to_every_timed_batch_size_and_finds_where_it_stops_paying(sweep):
+    cheap = extrapolated(gather([sweep]), costs())  # fixed costs dominate: speculation pays at every B
+    assert sorted(cheap["batch_size"].unique()) == [1, 2, 4] and cheap["crossover"].isna().all()
+    steep = extrapolated(gather([sweep]), costs(target_per_token=1.0, target_fixed=0.0))  # compute-bound target
+    rejection = steep[steep["rule"] == "rejection"].set_index("batch_size")
+    assert (rejection["modelled_speedup"] < 1).all() and (rejection["crossover"] == 1).all()
+
+
+def test_one_batch_size_is_not_enough(tmp_path):
+    write_cell(tmp_path / "s" / "a", [ar(0, 1, 0, 4.0, 5), record(0, "rejection", 1, 0, 2.0, 5, [2, 2], [1, 1])])
+    with pytest.raises(NotEnoughData, match="one batch size"):
+        batching_table(gather([tmp_path / "s"]), None)
+
+
+def test_the_command_writes_the_batching_table_model_and_figure_with_the_costs_beside_the_records(sweep, tmp_path):
+    (sweep / "batch_costs.json").write_text(json.dumps(linear_costs()))
+    assert find_costs([sweep]) is not None
+    assert main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    index = (tmp_path / "out" / "index.md").read_text()
+    for name in ("batching.md", "batching.csv", "batching_model.md", "batching.png"):
+        assert f"[{name}]({name})" in index
+    assert "predicted_speedup" in (tmp_path / "out" / "batching.md").read_text()
