@@ -161,6 +161,7 @@ def write_all(
 
 
 BATCHING_FORMATS = {"speedup": "{:.3f}", "latency_speedup": "{:.3f}", "predicted_speedup": "{:.3f}",
+                    "predicted_latency_speedup": "{:.3f}",
                     "measured_over_predicted": "{:.3f}", "target_in_run_over_model": "{:.3f}", "tau": "{:.2f}",
                     "tau_ci_low": "{:.2f}", "tau_ci_high": "{:.2f}",
                     "gain_over_strict": "{:.3f}", "peak_memory_mb": "{:,.0f}", "peak_memory_base_mb": "{:,.0f}",

@@ -92,21 +92,33 @@ def find_costs(folders: list[str | Path]) -> BatchCosts | None:
     return None
 
 
-def modelled_steps_s(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> float:
-    """Seconds the cost model gives a batch's steps: ``rows`` holds each row's (drafts per step,
-    accepted per step); rows step in lockstep and leave the batch after their last step."""
-    total, all_accepted = 0.0, [True] * len(rows)  # the first feed holds the prompt's last token and the first token
+def modelled_step_seconds(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> list[float]:
+    """The seconds the cost model gives each step of a batch: ``rows`` holds each row's (drafts per
+    step, accepted per step); rows step in lockstep and leave the batch after their last step."""
+    seconds, all_accepted = [], [True] * len(rows)  # the first feed holds the prompt's last token and the first token
     for step in range(max((len(drafted) for drafted, _ in rows), default=0)):
         active = [index for index, (drafted, _) in enumerate(rows) if len(drafted) > step]
         depth = max(rows[index][0][step] for index in active)
-        total += costs.target_s(len(active), depth + 1)
+        cost = costs.target_s(len(active), depth + 1)
         if depth > 0:
             feed = 2 if any(all_accepted[index] for index in active) else 1
-            total += costs.drafter_s(len(active), feed) + (depth - 1) * costs.drafter_s(len(active), 1)
+            cost += costs.drafter_s(len(active), feed) + (depth - 1) * costs.drafter_s(len(active), 1)
+        seconds.append(cost)
         for index in active:
             drafted, accepted = rows[index][0][step], rows[index][1][step]
             all_accepted[index] = accepted == drafted  # its last draft was never fed: the next feed is 2 tokens
-    return total
+    return seconds
+
+
+def modelled_steps_s(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> float:
+    """The modelled seconds of a batch's steps (``modelled_step_seconds``), summed."""
+    return sum(modelled_step_seconds(rows, costs))
+
+
+def modelled_finish_s(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> list[float]:
+    """Each row's modelled seconds from the end of the prefill to its last step (its latency less the prefill)."""
+    elapsed = np.cumsum([0.0, *modelled_step_seconds(rows, costs)])
+    return [float(elapsed[len(drafted)]) for drafted, _ in rows]
 
 
 def ar_steps(new_tokens: int) -> tuple[list[int], list[int]]:
@@ -132,6 +144,25 @@ def modelled_s(rows: pd.DataFrame, costs: BatchCosts) -> float:
     total = 0.0
     for batch in batches_of(rows):
         total += float(batch["prefill_s"].max()) + modelled_steps_s([row_steps(row) for _, row in batch.iterrows()], costs)
+    return total
+
+
+def modelled_latency_s(rows: pd.DataFrame, costs: BatchCosts) -> float:
+    """The mean modelled per-request latency of ``rows``: its batch's measured prefill plus its modelled steps."""
+    latencies = []
+    for batch in batches_of(rows):
+        finish = modelled_finish_s([row_steps(row) for _, row in batch.iterrows()], costs)
+        latencies += [float(batch["prefill_s"].max()) + seconds for seconds in finish]
+    return float(np.mean(latencies))
+
+
+def in_run_target_s(rows: pd.DataFrame) -> float:
+    """The target forwards' seconds the decodes themselves measured (``step_target_s``), each batch's step
+    counted once (every row of a batch records the batch's step)."""
+    total = 0.0
+    for batch in batches_of(rows):
+        steps = [list(seconds) for seconds in batch["step_target_s"]]
+        total += sum(max(row[step] for row in steps if len(row) > step) for step in range(max(map(len, steps), default=0)))
     return total
 
 
@@ -183,11 +214,12 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
                  "peak_memory_base_mb": base["peak_memory_mb"].max() if "peak_memory_mb" in base else np.nan}  # fmt: skip
         if costs is not None:
             predicted = (tokens / modelled_s(rows, costs)) / (base_tokens / modelled_s(base, costs))
-            in_run = sum(sum(steps) for steps in rows["step_target_s"])
             steps_only = modelled_s(rows, costs) - sum(float(b["prefill_s"].max()) for b in batches_of(rows))
             target_only = _modelled_target_s(rows, costs)
+            latency = modelled_latency_s(base, costs) / modelled_latency_s(rows, costs)
             entry |= {"predicted_speedup": predicted, "measured_over_predicted": measured / predicted,
-                      "target_in_run_over_model": in_run / target_only if target_only else np.nan,
+                      "predicted_latency_speedup": latency,
+                      "target_in_run_over_model": in_run_target_s(rows) / target_only if target_only else np.nan,
                       "modelled_step_s": steps_only}  # fmt: skip
         out.append(entry)
     table = pd.DataFrame(out)

@@ -382,6 +382,9 @@ def batching(table: pd.DataFrame, model: pd.DataFrame | None, gains: pd.DataFram
             speed_axis.plot(rows["batch_size"], rows["predicted_speedup"], color=colours[task], marker=markers[rule],
                             linestyle="none", fillstyle="none", markersize=10)  # fmt: skip
         latency_axis.plot(rows["batch_size"], rows["latency_speedup"], **look)
+        if "predicted_latency_speedup" in rows and rows["predicted_latency_speedup"].notna().any():
+            latency_axis.plot(rows["batch_size"], rows["predicted_latency_speedup"], color=colours[task], marker=markers[rule],
+                              linestyle="none", fillstyle="none", markersize=10)  # fmt: skip
         tau_axis.errorbar(rows["batch_size"], rows["tau"], yerr=_error_bars(rows["tau"], rows["tau_ci_low"], rows["tau_ci_high"]),
                           capsize=3, **look)  # fmt: skip
         if not np.allclose(rows["gain_over_strict"].dropna(), 1.0):
@@ -413,6 +416,7 @@ def batching(table: pd.DataFrame, model: pd.DataFrame | None, gains: pd.DataFram
             axis.legend(fontsize=6, loc="best")
     if model is not None or ("predicted_speedup" in table and table["predicted_speedup"].notna().any()):
         speed_axis.set_title("hollow: the cost model for the run's batches; dotted: the cost model at every timed B", fontsize=7)
+        latency_axis.set_title("hollow: the cost model for the run's batches", fontsize=7)
     if not gain_axis.get_legend_handles_labels()[0]:
         _no_data(gain_axis, "no lossy rule beside a strict one (live or as a shadow)")
     figure.suptitle(f"Speculative decoding at batch B ({int(table['prompts'].max())} prompts per point)\n{_title(table)}",

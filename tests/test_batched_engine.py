@@ -106,8 +106,9 @@ def reads_per_step(model, drafts, verifier, prompts, monkeypatch, **settings) ->
 @pytest.mark.parametrize("drafter", [None, "lookup", "layerskip", pytest.param("model-confidence", marks=SLOW)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_batched_step_reads_the_host_as_often_at_any_batch_size(tiny, drafter, temperature, monkeypatch):
-    """One read per step (the verdicts) for the AR baseline and lookup; a draft model adds one for its drafts,
-    or, under a confidence stop, one per draft position (the stop is a host decision, as alone): never one per row."""
+    """One read per step (the verdicts, which bring the kept drafts' tokens too) for the AR baseline, lookup and a
+    draft model; under a confidence stop, one more per draft position (the stop is a host decision, as alone).
+    Never one per row."""
     drafts = drafter_for(drafter, tiny)
     verifier = None if drafter is None else ("exact" if temperature == 0 else "rejection")
     prompts = [*mixed_prompts(), *mixed_prompts()][:4]
@@ -117,12 +118,7 @@ def test_a_batched_step_reads_the_host_as_often_at_any_batch_size(tiny, drafter,
             counts, results = reads_per_step(tiny, drafts, verifier, batch, monkeypatch, max_new_tokens=12, gamma=4,
                                              temperature=temperature)  # fmt: skip
             depths = [max((r.steps[i].drafted for r in results if len(r.steps) > i), default=0) for i in range(len(counts))]
-            if drafter in (None, "lookup"):
-                expected = [1] * len(counts)
-            elif drafter == "model-confidence":
-                expected = [1 + depth for depth in depths]
-            else:
-                expected = [1 + (depth > 0) for depth in depths]
+            expected = [1 + depth for depth in depths] if drafter == "model-confidence" else [1] * len(counts)
             assert counts == expected, f"B={size}: {counts} != {expected}"
 
 

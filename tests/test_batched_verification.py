@@ -104,6 +104,7 @@ def test_a_batch_gives_every_request_its_own_verdict_and_emission(name):
         assert len(verdicts) == len(steps)
         for request, (step, verdict) in enumerate(zip(steps, verdicts)):
             assert_same_verdict(verdict, verifier.verify(step, generator=torch.Generator().manual_seed(seed + request)), request)
+            assert verdict.path_tokens == step.draft_tokens[verdict.accepted].tolist(), f"request {request}: path tokens"
         for request, (step, emission) in enumerate(zip(steps, verifier.emission_batch(batch))):
             alone = verifier.emission(step)
             assert emission.rows.tolist() == alone.rows.tolist(), f"request {request}"

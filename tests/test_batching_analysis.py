@@ -10,7 +10,14 @@ import json
 import pytest
 
 from mars_bench.analysis.__main__ import main
-from mars_bench.analysis.batching import BatchCosts, batching_table, extrapolated, find_costs, modelled_steps_s
+from mars_bench.analysis.batching import (
+    BatchCosts,
+    batching_table,
+    extrapolated,
+    find_costs,
+    modelled_finish_s,
+    modelled_steps_s,
+)
 from mars_bench.analysis.cells import NotEnoughData
 from mars_bench.analysis.gather import gather
 
@@ -51,6 +58,7 @@ def test_the_modelled_steps_of_a_batch_are_the_forwards_worked_out_by_hand():
     first = target(2, 4) + drafter(2, 2) + 2 * drafter(2, 1)  # deepest draft 3: a feed of 2 (the first step), 2 more
     second = target(1, 3) + drafter(1, 2) + 1 * drafter(1, 1)  # A alone, its feed 2 tokens (it accepted all 3)
     assert modelled_steps_s(rows, costs()) == pytest.approx(first + second)
+    assert modelled_finish_s(rows, costs()) == pytest.approx([first + second, first])  # B's latency ends with its step
     assert modelled_steps_s([([0, 0, 0], [0, 0, 0])] * 2, costs()) == pytest.approx(3 * target(2, 1))  # AR: no drafter
 
 
@@ -101,6 +109,8 @@ def test_the_batching_table_gives_the_hand_computed_speedups_and_predictions(swe
     spec_s = 0.5 + 2 * (target(2, 3) + drafter(2, 2) + drafter(2, 1))
     assert row["predicted_speedup"] == pytest.approx(ar_s / spec_s)
     assert row["measured_over_predicted"] == pytest.approx(row["speedup"] / row["predicted_speedup"])
+    assert row["predicted_latency_speedup"] == pytest.approx(ar_s / spec_s)  # both rows of a side finish together
+    assert row["target_in_run_over_model"] == pytest.approx((2 * 0.2) / (2 * target(2, 3)))  # a batch's step counted once
     assert row["tau"] == pytest.approx((4 + 4) / 4)  # 4 tokens after the prefill's, 2 steps, per row
     assert row["peak_memory_mb"] == 1020.0 and row["prompts"] == 2 and row["disturbed"] == 0
     mars = table[(table["rule"].str.startswith("mars")) & (table["batch_size"] == 2)].iloc[0]

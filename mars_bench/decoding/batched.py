@@ -155,8 +155,9 @@ class _Batch:
         logits, self.attended = batch_forward(self.target, self.cache, empty, tokens, fed, 1)
         self.drafts.begin([row.prompt for row in rows])
         finished = []
-        for index, row in enumerate(rows):
-            first = int(choose_tokens(logits[index, -1:], self.sampling, row.generator)[0])
+        chosen = [choose_tokens(logits[index, -1:], self.sampling, row.generator) for index, row in enumerate(rows)]
+        firsts = torch.cat(chosen).tolist()  # every row's first token in one read
+        for row, first in zip(rows, firsts):
             row.tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
             row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
             row.reason = self.stop_reason(row, stopped)
@@ -169,8 +170,7 @@ class _Batch:
         clock = time.perf_counter()
         drafts = self.draft(rows)
         draft_s = time.perf_counter() - clock
-        fed_rows = [[int(row.context[-1]), *drafted] for row, (drafted, _) in zip(rows, drafts)]  # root, then drafts
-        tokens, fed = padded_rows(fed_rows, left=False, pad=self.pad, device=self.device)
+        tokens, fed = self.feed(rows, drafts)
         width = tokens.shape[1]
         logits, attended = batch_forward(self.target, self.cache, self.attended, tokens, fed)
         target_s = time.perf_counter() - clock - draft_s
@@ -187,23 +187,37 @@ class _Batch:
         cached = attended.shape[1] - width + max(verdict.accepted_len for verdict in verdicts) + 1
         self.attended = crop_batch(self.cache, attended, cached)
         self.drafts.accept([verdict.accepted_len for verdict in verdicts])
-        for row, (drafted, _), verdict, aside in zip(rows, drafts, verdicts, judged):
-            self.commit(row, drafted, verdict, (draft_s, target_s, verify_s), aside, start, aside_s)
+        for row, draft, verdict, aside in zip(rows, drafts, verdicts, judged):
+            self.commit(row, draft, verdict, (draft_s, target_s, verify_s), aside, start, aside_s)
 
-    def draft(self, rows: list[_Row]) -> list[tuple[list[int], Any]]:
-        """Each row's drafts (host token ids) and its ``Draft`` (None without drafts)."""
+    def draft(self, rows: list[_Row]) -> list[Any]:
+        """Each row's ``Draft`` (None without drafts), its tokens on the device: the host learns the kept
+        ones with the verdicts (``Verdict.path_tokens``), in the step's one transfer."""
         limits = [min(row.length.next(), self.settings.max_new_tokens - len(row.tokens) - 1) for row in rows]
         proposed = self.drafts.propose([row.context for row in rows], limits, self.sampling, [row.generator for row in rows])
-        return [([], None) if draft is None or not len(draft) else (draft.token_list(), draft) for draft in proposed]
+        return [None if draft is None or not len(draft) else draft for draft in proposed]
 
-    def verify_inputs(self, drafts: list[tuple[list[int], Any]], logits: torch.Tensor) -> list[VerifyInput]:
+    def feed(self, rows: list[_Row], drafts: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's input, right-padded on the device: each row's root (its newest token, a host
+        value), then its drafts (copied on the device); and which slots are real (tokens, fed [B, width])."""
+        counts = [0 if draft is None else len(draft) for draft in drafts]
+        roots = [[int(row.context[-1])] for row in rows]
+        tokens, _ = padded_rows(roots, left=False, pad=self.pad, device=self.device)
+        tokens = torch.nn.functional.pad(tokens, (0, max(counts)), value=self.pad)
+        for index, draft in enumerate(drafts):
+            if draft is not None:
+                tokens[index, 1 : 1 + counts[index]] = draft.tokens
+        fed = torch.arange(tokens.shape[1]) < torch.tensor(counts)[:, None] + 1
+        return tokens, fed.to(self.device)
+
+    def verify_inputs(self, drafts: list[Any], logits: torch.Tensor) -> list[VerifyInput]:
         """Every row's step, each on its own logits rows (judged together by one ``verify_batch`` call)."""
         steps = []
         # A sampling model drafter gives its distributions; then every row carries some (none: [0, V]).
-        with_dists = any(draft is not None and draft.dists is not None for _, draft in drafts)
+        with_dists = any(draft is not None and draft.dists is not None for draft in drafts)
         no_dists = torch.zeros(0, logits.shape[-1], device=self.device)
-        for index, (drafted, draft) in enumerate(drafts):
-            count = len(drafted)
+        for index, draft in enumerate(drafts):
+            count = 0 if draft is None else len(draft)
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
             steps.append(VerifyInput(
                 draft_tokens=draft.tokens if draft is not None else empty,
@@ -238,23 +252,27 @@ class _Batch:
             return draft.probs.float()
         return torch.ones(count, device=self.device)
 
-    def commit(self, row: _Row, drafted: list[int], verdict: Any, seconds: tuple[float, float, float],
+    def commit(self, row: _Row, draft: Any, verdict: Any, seconds: tuple[float, float, float],
                aside: tuple[list[int], Any, float], start: float, aside_s: float) -> None:  # fmt: skip
         """The row's accepted drafts and next token, cut at a stop token and the budget; its step record.
         ``aside``: the row's shadow counts, fidelity costs and their seconds (``judge_aside``); ``aside_s``:
         the step's seconds spent on shadows and fidelity, left out of the row's finish time."""
         budget = self.settings.max_new_tokens - len(row.tokens)
-        proposed = drafted[: verdict.accepted_len] + [verdict.next_token]
+        drafted = 0 if draft is None else len(draft)
+        kept = [] if not drafted else verdict.path_tokens
+        if kept is None:  # a verifier that does not report its path's tokens: read the drafts
+            kept = draft.token_list()[: verdict.accepted_len]
+        proposed = kept + [verdict.next_token]
         emitted, stopped = cut_at_stop(proposed, self.settings.stop_token_ids, budget)
         row.tokens += emitted
         row.context = torch.cat([row.context, torch.tensor(emitted)])
         if drafted:
-            row.length.observe(len(drafted), verdict.accepted_len)
+            row.length.observe(drafted, verdict.accepted_len)
         decisions = verdict.decisions
         draft_s, target_s, verify_s = seconds
         shadow_accepted, costs, fidelity_s = aside
         row.steps.append(StepRecord(
-            drafted=len(drafted), accepted=verdict.accepted_len, relaxed=decisions.relaxed_count,
+            drafted=drafted, accepted=verdict.accepted_len, relaxed=decisions.relaxed_count,
             next_token=verdict.next_token, emitted=len(emitted), reasons=decisions.reasons.tolist(),
             margins=decisions.margin.tolist(), top1_logits=decisions.top1_logit.tolist(),
             top2_logits=decisions.top2_logit.tolist(),

@@ -92,17 +92,17 @@ class BatchedModelDrafts(RowDrafts):
 
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
-        """Every row's drafts. The host reads the device once per draft position under a confidence stop
-        (the stop is a host decision; the read brings every row's token with its q), else once in all:
-        never once per row, so a step's host syncs do not grow with B."""
+        """Every row's drafts, on the device. Under a confidence stop the host reads the device once per
+        draft position (the stop is a host decision; the read brings every row's token with its q, so the
+        drafts come with host copies); else not at all: the engine learns the kept tokens with the verdicts.
+        Never once per row, so a step's host syncs do not grow with B."""
         rows = len(contexts)
         logits = self.feed(contexts, limits)
         drafting = list(self.fed)
         tokens_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
         probs_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
         dists_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
-        host_per_row: list[list[int]] = [[] for _ in contexts]
-        depth_tokens: list[torch.Tensor] = []  # [B] per draft position, read once at the end without a confidence stop
+        host_per_row: list[list[int] | None] = [[] if self.drafter.min_confidence is not None else None for _ in contexts]
         for depth in range(max(limits, default=0)):
             processed, probs = self.drafter.draft_probs(logits, sampling)
             token = torch.argmax(processed, dim=-1)
@@ -119,8 +119,6 @@ class BatchedModelDrafts(RowDrafts):
                 for index in range(rows):
                     if drafting[index]:
                         host_per_row[index].append(int(host_tokens[index]))
-            else:
-                depth_tokens.append(token)
             for index in range(rows):
                 if drafting[index]:
                     tokens_per_row[index].append(token[index : index + 1])
@@ -137,12 +135,9 @@ class BatchedModelDrafts(RowDrafts):
             fed = torch.tensor(drafting, device=self.device)[:, None]
             logits, self.attended = batch_forward(self.model, self.cache, self.attended, token[:, None], fed)
             logits = logits[:, -1]
-        if depth_tokens:  # every row's drafts in one read: row b's are the first len(tokens_per_row[b]) positions
-            matrix = torch.stack(depth_tokens, dim=1).tolist()
-            host_per_row = [matrix[index][: len(row_tokens)] for index, row_tokens in enumerate(tokens_per_row)]
         return [
             Draft(tokens=torch.cat(row_tokens), probs=torch.cat(row_probs), dists=torch.cat(row_dists) if row_dists else None,
-                  host_tokens=torch.tensor(host, dtype=torch.long))
+                  host_tokens=None if host is None else torch.tensor(host, dtype=torch.long))
             if row_tokens
             else None
             for row_tokens, row_probs, row_dists, host in zip(tokens_per_row, probs_per_row, dists_per_row, host_per_row)

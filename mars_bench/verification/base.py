@@ -166,11 +166,14 @@ class Verdict:
     accepted: LongTensor[A], node indices of the accepted path, root to leaf.
     next_token: the bonus / correction token emitted after the path.
     decisions: what happened at every visited depth.
+    path_tokens: the accepted path's draft token ids, brought to the host with the verdict (None
+        where a verifier does not say), so that a caller needs no read of its own drafts.
     """
 
     accepted: torch.Tensor
     next_token: int
     decisions: Decisions
+    path_tokens: list[int] | None = None
 
     @property
     def accepted_len(self) -> int:

@@ -308,6 +308,7 @@ class Prepared:
     layout: TreeLayout
     problems: torch.Tensor
     view: TargetView
+    drafts: torch.Tensor | None = None  # LongTensor[N]: the draft tokens, reported on the accepted path by ``finish``
 
     @property
     def probs(self) -> torch.Tensor:
@@ -469,14 +470,14 @@ def finish(
     stop_rows = layout.stop_rows(on_path)
     emitted = candidates.at(stop_rows) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_rows)
     parts = [emitted, on_path, reasons, prep.rows.z1, prep.rows.z2, prep.problems]
-    if row_trigger is not None:
-        parts.append(row_trigger)
-    packed = torch.cat([part.double() for part in parts]).cpu()
-    emitted, on_path, reasons, z1, z2, problems, *trigger = packed.split([part.numel() for part in parts])
+    optional = [part for part in (row_trigger, prep.drafts) if part is not None]
+    packed = torch.cat([part.double() for part in parts + optional]).cpu()
+    emitted, on_path, reasons, z1, z2, problems, *rest = packed.split([part.numel() for part in parts + optional])
     raise_on_problems(problems.tolist())
     tokens, on_path_list, reason_list = emitted.long().tolist(), on_path.bool().tolist(), reasons.long().tolist()
     top1_all, top2_all = z1.float(), z2.float()
-    triggered = trigger[0].bool() if trigger else None
+    triggered = rest.pop(0).bool() if row_trigger is not None else None
+    drafts = rest.pop(0).long().tolist() if prep.drafts is not None else None
     verdicts = []
     for request, (start, count, root) in enumerate(zip(layout.node_starts, layout.drafts_per_row, layout.root_rows)):
         path = sorted((node for node in range(start, start + count) if on_path_list[node]), key=layout.depths.__getitem__)
@@ -493,7 +494,8 @@ def finish(
             triggered=None if triggered is None else triggered[rows],
         )
         accepted_path = torch.tensor([node - start for node in path], dtype=torch.long)
-        verdicts.append(Verdict(accepted=accepted_path, next_token=tokens[request], decisions=decisions))
+        path_tokens = None if drafts is None else [drafts[node] for node in path]
+        verdicts.append(Verdict(accepted=accepted_path, next_token=tokens[request], decisions=decisions, path_tokens=path_tokens))
     return verdicts
 
 

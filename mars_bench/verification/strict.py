@@ -96,7 +96,7 @@ class TreeVerifier(Verifier):
         # Out-of-range drafts are reported by ``finish``; clamping keeps the gathers before it valid.
         step = replace(step, draft_tokens=step.draft_tokens.clamp(0, step.target_logits.shape[-1] - 1))
         rows = view.rows
-        return step, Prepared(view.processed, rows, rows.at(layout.parent_rows), layout, problems, view)
+        return step, Prepared(view.processed, rows, rows.at(layout.parent_rows), layout, problems, view, step.draft_tokens)
 
     def verify_batch(self, step: VerifyInput, *, generator: Generators = None) -> list[Verdict]:
         step, prep = self.prepare(step)
