@@ -142,3 +142,26 @@ def test_the_peers_models_are_loaded_exactly_as_a_transformers_user_loads_them()
     assert suite.peer_target is not suite.target.model and suite.peer_draft is not suite.draft.model
     # The control: our loader's models differ from a plain load (gradients off), hence the peer's own load.
     assert speed_settings(suite.target.model)["requires_grad"] == [False] != speed_settings(plain)["requires_grad"]
+
+
+def int4_weights(model) -> dict:
+    """Module name -> its packed int4 weight (torchao's: ``qdata``, ``scale_and_zero``)."""
+    return {name: module.weight for name, module in model.named_modules() if hasattr(getattr(module, "weight", None), "qdata")}
+
+
+@pytest.mark.slow
+def test_assisted_generation_drafts_with_the_same_int4_weights_as_the_drafter_it_is_compared_with():
+    from mars_bench.perf.suite import DraftConfig, PerfSettings, Suite, methods_for
+
+    config = DraftConfig("fixed", None, "int4")
+    settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, tasks=("gsm8k",), num_prompts=1, data_dir=str(SHARED_DATA),
+                            configurations=(config,), temperatures=(0.0,))  # fmt: skip
+    suite = Suite(settings)
+    assert {m.assistant_weights for m in methods_for(settings) if m.assisted} == {None, "int4"}
+    assistant, drafter = suite.assistants["int4"], suite.drafters[config].model
+    assert suite.assistants[None] is suite.peer_draft  # the plain load stays as loaded
+    quantized, ours = int4_weights(assistant), int4_weights(drafter)
+    assert quantized.keys() == ours.keys() and len(quantized) == 1 + 7 * assistant.config.num_hidden_layers  # head too
+    for name, weight in quantized.items():  # the same packed int4 weights, scales and zero points
+        assert torch.equal(weight.qdata, ours[name].qdata) and torch.equal(weight.scale_and_zero, ours[name].scale_and_zero), name
+    assert speed_settings(assistant)["attention"] == speed_settings(suite.peer_draft)["attention"]

@@ -488,6 +488,7 @@ def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(p
                      ("T=1 ours chain rejection, fixed", "T=1 ours AR baseline"),
                      ("T=1 ours chain rejection, fixed", "T=1 transformers assisted generation")}  # fmt: skip
     for row in report["comparisons"]:
+        assert row["differs"] and f"| {row['differs']} |" in (out / "perf.md").read_text()  # each ratio says what differs
         assert len(row["ratios"]) == 2 and row["min"] <= row["median"] <= row["max"]
         assert row["prompt_min"] <= row["prompt_median"] <= row["prompt_max"] and row["runs"] == 4
     for row in report["results"].values():
@@ -557,6 +558,9 @@ def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperat
     settings, _ = perf_settings(prefix)
     chain += ", confidence + vocab 32768 + int4 weights"
     assert chain_methods(settings) == {chain} and settings.tasks == tasks
+    assisted = {m.name for m in methods_for(settings) if m.assisted}
+    t = chain.split(" ")[0]  # like for like: assisted generation also drafts with the int4 assistant
+    assert assisted == {f"{t} transformers assisted generation", f"{t} transformers assisted generation, int4 assistant"}
     assert settings.configs() == [DraftConfig("confidence", 32768, "int4")]
     assert [config.drafter_key for config in settings.configs()] == ["32768:int4"]  # the quantized drafter's own forward cost
 

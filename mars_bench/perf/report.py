@@ -63,13 +63,16 @@ def task_ratios(result: dict[str, Any], method: str, against: str) -> dict[str, 
 
 def speed_table(result: dict[str, Any]) -> list[str]:
     lines = ["| method | against | tok/s | ratio over repeats: median [min, max] | per prompt: median [min, max] "
-             "| per task: median over repeats | identical outputs |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| per task: median over repeats | identical outputs | what differs (all else the same) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in result["comparisons"]:
         identical = "-" if row["identical"] is None else f"{row['identical']}/{row['runs']}"
         repeats, prompts = spread(row)
         tasks = ", ".join(f"{task} {ratio:.2f}x" for task, ratio in task_ratios(result, row["method"], row["against"]).items())
         tok_s = result["results"][row["method"]]["tok_s"]
-        lines.append(f"| {row['method']} | {row['against']} | {tok_s:.2f} | {repeats} | {prompts} | {tasks} | {identical} |")
+        differs = row.get("differs", "")  # reports written before it lack it
+        lines.append(f"| {row['method']} | {row['against']} | {tok_s:.2f} | {repeats} | {prompts} | {tasks} | {identical} "
+                     f"| {differs} |")  # fmt: skip
     return lines
 
 

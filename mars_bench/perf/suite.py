@@ -25,6 +25,7 @@ from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting.draft_vocab import check_count_file
+from mars_bench.drafting.draft_weights import quantized_draft_model
 from mars_bench.method import MethodSpec
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
@@ -119,11 +120,13 @@ class Method:
     temperature: float
     config: DraftConfig | None = None
     assisted: bool = False
+    assistant_weights: str | None = None  # assisted generation: the assistant quantized as our drafter is (None: as loaded)
 
     @property
     def name(self) -> str:
         if self.side == PEER:
             label = "assisted generation" if self.assisted else "generate"
+            label += f", {self.assistant_weights} assistant" if self.assistant_weights else ""
         else:
             label = f"chain {self.verifier}, {self.config.name}" if self.config else "AR baseline"
         return f"T={self.temperature:g} {self.side} {label}"
@@ -134,12 +137,15 @@ class Method:
 
 
 def methods_for(settings: PerfSettings) -> list[Method]:
+    """At each temperature: our AR baseline, ``generate`` (greedy), assisted generation with the assistant as
+    loaded and with it quantized as each of our configurations quantizes its drafter, and our configurations."""
+    weights = list(dict.fromkeys([None, *(config.weights for config in settings.configs())]))
     methods = []
     for temperature in settings.temperatures:
         methods.append(Method(OURS, temperature))
         if temperature == 0:
             methods.append(Method(PEER, temperature))
-        methods.append(Method(PEER, temperature, assisted=True))
+        methods += [Method(PEER, temperature, assisted=True, assistant_weights=value) for value in weights]
         methods += [Method(OURS, temperature, config) for config in settings.configs()]
     return methods
 
@@ -168,6 +174,10 @@ class Suite:
         # transformers' side runs on its own load, as its users load models (see peer.load_peer).
         self.peer_target = load_peer(self.target.resolved.path, settings.dtype)
         self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype)
+        # Like for like: assisted generation drafts with the same weights as the configuration it is compared
+        # with, quantized by the same function from the same checkpoint (the plain load stays as loaded).
+        self.assistants = {method.assistant_weights: quantized_draft_model(self.peer_draft, method.assistant_weights)
+                           for method in methods_for(settings) if method.assisted}  # fmt: skip
         self.stops = stop_token_ids(self.target)
         prompts = task_prompts(self.target.tokenizer, settings)
         self.prompts = [prompt for _, prompt in prompts]
@@ -199,8 +209,8 @@ class Suite:
 
     def peer(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         config = peer_generation_config(budget, method.temperature, self.stops, self.pad_id)
-        assistant = self.peer_draft if method.assisted else None
-        tokens, timing = self.timed((self.peer_target, self.peer_draft),
+        assistant = self.assistants[method.assistant_weights] if method.assisted else None
+        tokens, timing = self.timed((self.peer_target, assistant or self.peer_draft),
                                     lambda: peer_generate(self.peer_target, prompt, config, assistant, seed=seed))  # fmt: skip
         return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], **timing}
 
@@ -283,21 +293,38 @@ def summarise_method(method: Method, repeats: list[list[dict[str, Any]]]) -> dic
 def comparisons(methods: list[Method], raw: Raw) -> list[dict[str, Any]]:
     """Each of our speculative methods against our AR baseline and against assisted generation at
     its temperature; our AR baseline and assisted generation against plain ``generate``."""
-    by_key = {(m.side, m.temperature, m.assisted, m.config): m for m in methods}
+    by_key = {(m.side, m.temperature, m.assisted, m.config, m.assistant_weights): m for m in methods}
     pairs = []
     for method in methods:
         t = method.temperature
         if method.side == OURS and method.config is not None:
-            pairs += [(method, by_key[(OURS, t, False, None)]), (method, by_key[(PEER, t, True, None)])]
+            same_weights = by_key[(PEER, t, True, None, method.config.weights)]  # the same draft weights on both sides
+            pairs += [(method, by_key[(OURS, t, False, None, None)]), (method, same_weights)]
         elif t == 0 and (method.side, method.assisted) in ((OURS, False), (PEER, True)):
-            pairs.append((method, by_key[(PEER, t, False, None)]))
+            pairs.append((method, by_key[(PEER, t, False, None, None)]))
     rows = []
     for mine, other in pairs:
         identical = sum(a["tokens"] == b["tokens"] for ra, rb in zip(raw[mine.name], raw[other.name]) for a, b in zip(ra, rb))
         rows.append({"method": mine.name, "against": other.name, **ratio_stats(raw[mine.name], raw[other.name]),
-                     "identical": identical if mine.temperature == 0 else None,
+                     "identical": identical if mine.temperature == 0 else None, "differs": differences(mine, other),
                      "runs": sum(len(repeat) for repeat in raw[mine.name])})  # fmt: skip
     return rows
+
+
+def differences(mine: Method, other: Method) -> str:
+    """What differs between the two sides of a comparison; the rest (target and draft weights, dtype,
+    quantization, prompts, budget, temperature) is held the same."""
+    if mine.side == OURS and mine.config is not None and other.side == OURS:
+        return f"speculative decoding ({mine.config.name} drafter) against none, in our engine"
+    if mine.side == OURS and mine.config is not None:
+        parts = [f"the decoder: ours (draft length {mine.config.length}) against assisted generation (its own draft "
+                 "length heuristic)"]  # fmt: skip
+        if mine.config.vocab:
+            parts.append(f"our drafter scores {mine.config.vocab:,} tokens, the assistant its full vocabulary (no counterpart)")
+        return "; ".join(parts)
+    if mine.side == OURS:
+        return "the autoregressive decoder: ours against transformers' generate"
+    return "assisted generation's drafting against none, in transformers"
 
 
 def forward_costs(suite: Suite) -> dict[str, Any]:
