@@ -12,7 +12,7 @@ from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
 from mars_bench.perf.__main__ import main as perf_main
 from mars_bench.perf.__main__ import parse as perf_options
-from mars_bench.perf.costs import ForwardTimer, predicted_step_speedup
+from mars_bench.perf.costs import ForwardTimer, capped_step_speedups, predicted_step_speedup
 from mars_bench.perf.report import main as report_main
 from mars_bench.perf.report import predicted_decode_tok_s, task_ratios
 from mars_bench.perf.suite import DraftConfig
@@ -82,6 +82,19 @@ def test_re_rendering_a_report_refuses_what_is_not_one(tmp_path, capsys):
     errors = capsys.readouterr().err.splitlines()
     assert errors[0].startswith(f"perf.report: error: {broken} is not a perf suite report (KeyError")
     assert errors[1].endswith("none.json given: allowed is the path of one perf.json")
+
+
+def test_each_cap_on_the_drafts_cuts_the_steps_taken_and_the_best_is_where_tokens_per_second_peak():
+    target_s = {1: 0.1, 2: 0.1, 3: 0.1, 4: 0.2}  # a target forward doubles past 3 tokens
+    steps = [(3, 3, 4), (3, 1, 2), (1, 0, 1)]  # (drafted, accepted, emitted)
+    speedups = capped_step_speedups(steps, target_s, 0.01)
+    assert list(speedups) == [1, 2, 3]  # up to the deepest draft made
+    assert speedups[1] == pytest.approx((2 + 2 + 1) * 0.1 / (3 * (0.01 + 0.1)))
+    assert speedups[2] == pytest.approx((3 + 2 + 1) * 0.1 / (2 * (0.02 + 0.1) + 0.01 + 0.1))
+    assert speedups[3] == pytest.approx(predicted_step_speedup(4 + 2 + 1, [3, 3, 1], target_s, 0.01))  # the decode's own cap
+    assert max(speedups, key=speedups.get) == 2  # the doubled forward at 4 tokens outweighs the third draft's gain
+    assert capped_step_speedups([(3, 3, 2)], target_s, 0.01)[3] == pytest.approx(2 * 0.1 / (0.03 + 0.2))  # a cut last step
+    assert capped_step_speedups([(5, 5, 6)], {1: 0.1, 2: 0.1, 3: 0.1}, 0.01).keys() == {1, 2}  # no cap past the widths timed
 
 
 def test_the_analytic_model_is_tokens_over_the_forward_cost_of_the_steps_taken():

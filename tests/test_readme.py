@@ -501,6 +501,8 @@ def test_the_perf_suite_on_two_prompts_compares_every_method_with_transformers(p
     assert report["peer_loading"] == f"AutoModelForCausalLM.from_pretrained(path, dtype={PERF_DTYPE}).eval()"
     chains = {"T=0 ours chain exact, fixed", "T=1 ours chain rejection, fixed"}
     assert set(report["analytic"]["speedup_over_our_baseline"]) == chains
+    for row in report["analytic"]["speedup_over_our_baseline"].values():  # --gamma 1: one cap, the run's own
+        assert list(row["capped"]) == ["1"] and row["best_cap"] == 1 and row["of_optimum"] == pytest.approx(row["ratio"])
     tables = (out / "perf.md").read_text()
     assert "| T=0 ours AR baseline | T=0 transformers generate |" in tables and "| gsm8k " in tables
     capsys.readouterr()

@@ -84,3 +84,20 @@ def predicted_step_speedup(emitted: int, step_drafts: list[int], target_s: dict[
     length d and tau tokens per step this is tau * target_s[1] / (d * draft_one + target_s[d + 1])."""
     step_seconds = sum(drafts * draft_one + target_s[drafts + 1] for drafts in step_drafts)
     return emitted * target_s[1] / step_seconds
+
+
+def capped_step_speedups(steps: list[tuple[int, int, int]], target_s: dict[int, float], draft_one: float) -> dict[int, float]:
+    """Per cap k on the drafts of a step (1 to the deepest step drafted): the speedup over autoregressive
+    decoding that the forward costs predict for the steps a decode took, each step cut at k. ``steps``:
+    (drafted, accepted, emitted) per step; cut at k, a step drafts min(drafted, k) tokens and, where it
+    accepted more than k, emits k + 1 (else what it emitted: a stop or the budget may have cut it), so
+    at the decode's own cap this is ``predicted_step_speedup``. An approximation: a cap changes where
+    later steps start, which the cut steps do not see, and it cannot look past the deepest draft the
+    decode made (nor past the widths timed)."""
+    deepest = min(max((drafted for drafted, _, _ in steps), default=0), max(target_s) - 1)
+    speedups = {}
+    for cap in range(1, deepest + 1):
+        emitted = sum(cap + 1 if accepted > cap else tokens for _, accepted, tokens in steps)
+        seconds = sum(min(drafted, cap) * draft_one + target_s[min(drafted, cap) + 1] for drafted, _, _ in steps)
+        speedups[cap] = emitted * target_s[1] / seconds
+    return speedups

@@ -28,7 +28,7 @@ from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.draft_weights import quantized_draft_model
 from mars_bench.method import MethodSpec
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.perf.costs import ForwardTimer, forward_seconds, predicted_step_speedup
+from mars_bench.perf.costs import ForwardTimer, capped_step_speedups, forward_seconds, predicted_step_speedup
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
 from mars_bench.strict_rule import strict_verifier
@@ -204,7 +204,8 @@ class Suite:
         ))  # fmt: skip
         return {"tokens": result.tokens, **timing, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
                 "steps": result.verify_steps, "emitted": emitted_tokens(result.new_tokens), "drafted": result.drafted,
-                "step_drafts": [step.drafted for step in result.steps],
+                "step_drafts": [step.drafted for step in result.steps], "step_accepted": [step.accepted for step in result.steps],
+                "step_emitted": [step.emitted for step in result.steps],
                 **{f"{phase}_s": value for phase, value in result.phase_seconds().items()}}  # fmt: skip
 
     def peer(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
@@ -352,11 +353,16 @@ def analytic_model(methods: list[Method], costs: dict[str, Any], raw: Raw,
             continue
         runs = [run for repeat in raw[method.name] for run in repeat]
         step_drafts = [drafted for run in runs for drafted in run["step_drafts"]]
-        predicted = predicted_step_speedup(sum(run["emitted"] for run in runs), step_drafts, costs["target"],
-                                           costs["drafter"][method.config.drafter_key])  # fmt: skip
+        draft_one = costs["drafter"][method.config.drafter_key]
+        predicted = predicted_step_speedup(sum(run["emitted"] for run in runs), step_drafts, costs["target"], draft_one)
         baseline = results[Method(OURS, method.temperature).name]
         measured = results[method.name]["decode_tok_s"] / baseline["decode_tok_s"]
-        predictions[method.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted}
+        steps = [step for run in runs for step in zip(run["step_drafts"], run["step_accepted"], run["step_emitted"])]
+        capped = capped_step_speedups(steps, costs["target"], draft_one)
+        best = max(capped, key=capped.get) if capped else None
+        predictions[method.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted,
+                                    "capped": capped, "best_cap": best,
+                                    "of_optimum": measured / capped[best] if best else None}  # fmt: skip
     return {"costs": costs, "speedup_over_our_baseline": predictions}
 
 
