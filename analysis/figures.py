@@ -138,9 +138,10 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path:
         rows = scored[scored["task"] == task]
         for _, row in rows.iterrows():
             marker = "s" if row["verifier"] != "mars" else "o"
+            one = rows.loc[[row.name]]  # a CI that collapses onto its point may lie a rounding error beyond it
             axis.errorbar(row["speedup"], row["score"], marker=marker, color="tab:blue" if marker == "o" else "tab:red",
-                          xerr=[[row["speedup"] - row["speedup_ci_low"]], [row["speedup_ci_high"] - row["speedup"]]],
-                          yerr=[[row["score"] - row["score_ci_low"]], [row["score_ci_high"] - row["score"]]],
+                          xerr=_error_bars(one["speedup"], one["speedup_ci_low"], one["speedup_ci_high"]),
+                          yerr=_error_bars(one["score"], one["score_ci_low"], one["score_ci_high"]),
                           alpha=0.5, capsize=2)  # fmt: skip
             below = marker == "s"  # other verifiers labelled under their point, thetas above: fewer overlaps
             text = row["label"] if below or pd.isna(row["theta"]) else f"θ={row['theta']:g}"

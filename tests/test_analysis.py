@@ -16,7 +16,7 @@ import pytest
 from mars_bench.analysis.__main__ import main
 from mars_bench.analysis.acceptance import acceptance_by_margin, alpha_per_depth, positions, shadow_labels, shadow_table
 from mars_bench.analysis.cells import NotEnoughData, method_summary
-from mars_bench.analysis.figures import _drafter_title, pareto_front
+from mars_bench.analysis.figures import _drafter_title, pareto, pareto_front
 from mars_bench.analysis.gather import NoRecordsError, gather
 from mars_bench.analysis.quality import quality_table
 from mars_bench.analysis.tables import table1, to_latex, to_markdown
@@ -457,3 +457,11 @@ def test_theta_comes_from_the_verifier_setting_and_old_records_keep_their_own(tm
     frame = gather([tmp_path / "old"])
     assert frame["theta"].tolist() == [0.88, 0.88] and "guard" not in frame
     assert method_summary(frame)["verifier_setting"].tolist() == ["theta=0.88,guard=never"]
+
+
+def test_the_pareto_figure_takes_a_ci_that_collapses_onto_its_point_a_rounding_error_away(tmp_path):
+    speedup = 5.1427348799927435
+    row = {"model": "qwen", "drafter": "model", "task": "humaneval", "temperature": 1.0, "verifier": "rejection",
+           "theta": np.nan, "label": "rejection", "speedup": speedup, "speedup_ci_low": speedup + 8.9e-16,
+           "speedup_ci_high": speedup, "score": 0.0, "score_ci_low": 0.0, "score_ci_high": 0.0}  # fmt: skip
+    assert pareto(pd.DataFrame([row]), tmp_path / "pareto.png").is_file()  # matplotlib refuses a negative error bar
