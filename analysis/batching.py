@@ -92,18 +92,18 @@ def find_costs(folders: list[str | Path]) -> BatchCosts | None:
     return None
 
 
-def modelled_step_seconds(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> list[float]:
-    """The seconds the cost model gives each step of a batch: ``rows`` holds each row's (drafts per
-    step, accepted per step); rows step in lockstep and leave the batch after their last step."""
+def modelled_step_seconds(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> list[tuple[float, float]]:
+    """(target seconds, drafter seconds) the cost model gives each step of a batch: ``rows`` holds each
+    row's (drafts per step, accepted per step); rows step in lockstep and leave the batch after their last step."""
     seconds, all_accepted = [], [True] * len(rows)  # the first feed holds the prompt's last token and the first token
     for step in range(max((len(drafted) for drafted, _ in rows), default=0)):
         active = [index for index, (drafted, _) in enumerate(rows) if len(drafted) > step]
         depth = max(rows[index][0][step] for index in active)
-        cost = costs.target_s(len(active), depth + 1)
+        drafting = 0.0
         if depth > 0:
             feed = 2 if any(all_accepted[index] for index in active) else 1
-            cost += costs.drafter_s(len(active), feed) + (depth - 1) * costs.drafter_s(len(active), 1)
-        seconds.append(cost)
+            drafting = costs.drafter_s(len(active), feed) + (depth - 1) * costs.drafter_s(len(active), 1)
+        seconds.append((costs.target_s(len(active), depth + 1), drafting))
         for index in active:
             drafted, accepted = rows[index][0][step], rows[index][1][step]
             all_accepted[index] = accepted == drafted  # its last draft was never fed: the next feed is 2 tokens
@@ -112,12 +112,17 @@ def modelled_step_seconds(rows: list[tuple[list[int], list[int]]], costs: BatchC
 
 def modelled_steps_s(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> float:
     """The modelled seconds of a batch's steps (``modelled_step_seconds``), summed."""
-    return sum(modelled_step_seconds(rows, costs))
+    return sum(target + drafting for target, drafting in modelled_step_seconds(rows, costs))
 
 
 def modelled_finish_s(rows: list[tuple[list[int], list[int]]], costs: BatchCosts) -> list[float]:
     """Each row's modelled seconds from the end of the prefill to its last step (its latency less the prefill)."""
-    elapsed = np.cumsum([0.0, *modelled_step_seconds(rows, costs)])
+    return finishes(rows, modelled_step_seconds(rows, costs))
+
+
+def finishes(rows: list[tuple[list[int], list[int]]], seconds: list[tuple[float, float]]) -> list[float]:
+    """Each row's seconds to its last step, given the batch's steps' (target, drafter) ``seconds``."""
+    elapsed = np.cumsum([0.0, *(target + drafting for target, drafting in seconds)])
     return [float(elapsed[len(drafted)]) for drafted, _ in rows]
 
 
@@ -139,21 +144,30 @@ def batches_of(rows: pd.DataFrame) -> list[pd.DataFrame]:
     return [group for _, group in rows.groupby(["run_dir", "cell", "method", "batch_id"], sort=True)]
 
 
-def modelled_s(rows: pd.DataFrame, costs: BatchCosts) -> float:
-    """The modelled seconds of every batch of ``rows``: each batch's measured prefill plus its modelled steps."""
-    total = 0.0
-    for batch in batches_of(rows):
-        total += float(batch["prefill_s"].max()) + modelled_steps_s([row_steps(row) for _, row in batch.iterrows()], costs)
-    return total
+@dataclass(frozen=True)
+class Modelled:
+    """What the cost model gives the batches of some rows: seconds in all (each batch's measured prefill
+    and its modelled steps), of the steps alone and of their target forwards alone, and the mean
+    per-request latency (a row's batch's prefill and its modelled steps up to its last)."""
+
+    seconds: float
+    steps_s: float
+    target_s: float
+    latency_s: float
 
 
-def modelled_latency_s(rows: pd.DataFrame, costs: BatchCosts) -> float:
-    """The mean modelled per-request latency of ``rows``: its batch's measured prefill plus its modelled steps."""
+def modelled(rows: pd.DataFrame, costs: BatchCosts) -> Modelled:
+    """The cost model over every batch of ``rows``, one pass over each batch's steps."""
+    prefills = steps_s = target_s = 0.0
     latencies = []
     for batch in batches_of(rows):
-        finish = modelled_finish_s([row_steps(row) for _, row in batch.iterrows()], costs)
-        latencies += [float(batch["prefill_s"].max()) + seconds for seconds in finish]
-    return float(np.mean(latencies))
+        steps = [row_steps(row) for _, row in batch.iterrows()]
+        seconds = modelled_step_seconds(steps, costs)
+        prefill = float(batch["prefill_s"].max())
+        prefills, target_s = prefills + prefill, target_s + sum(target for target, _ in seconds)
+        steps_s += sum(target + drafting for target, drafting in seconds)
+        latencies += [prefill + finish for finish in finishes(steps, seconds)]
+    return Modelled(prefills + steps_s, steps_s, target_s, float(np.mean(latencies)))
 
 
 def in_run_target_s(rows: pd.DataFrame) -> float:
@@ -181,8 +195,7 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
     ok = finished(frame)
     if "batch_id" not in ok or "step_drafted" not in ok:
         raise NotEnoughData("no row carries its batch and steps (records of schema 9 on)")
-    methods = method_rows(frame)
-    methods = methods.assign(label=methods["verifier"].astype(str) + methods["verifier_setting"].map(_setting_suffix))
+    methods = rule_rows(frame)
     if methods["batch_size"].nunique() < 2:
         raise NotEnoughData("the rows were decoded at one batch size (run experiment=batching, or batch_size=1,2,4,8)")
     bases = ok[ok["method"] == BASELINE].drop_duplicates(["run_dir", "question_id", "turn", "batch_size", "cell"])
@@ -213,14 +226,12 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
                  "peak_memory_mb": rows["peak_memory_mb"].max() if "peak_memory_mb" in rows else np.nan,
                  "peak_memory_base_mb": base["peak_memory_mb"].max() if "peak_memory_mb" in base else np.nan}  # fmt: skip
         if costs is not None:
-            predicted = (tokens / modelled_s(rows, costs)) / (base_tokens / modelled_s(base, costs))
-            steps_only = modelled_s(rows, costs) - sum(float(b["prefill_s"].max()) for b in batches_of(rows))
-            target_only = _modelled_target_s(rows, costs)
-            latency = modelled_latency_s(base, costs) / modelled_latency_s(rows, costs)
+            mine, theirs = modelled(rows, costs), modelled(base, costs)
+            predicted = (tokens / mine.seconds) / (base_tokens / theirs.seconds)
             entry |= {"predicted_speedup": predicted, "measured_over_predicted": measured / predicted,
-                      "predicted_latency_speedup": latency,
-                      "target_in_run_over_model": in_run_target_s(rows) / target_only if target_only else np.nan,
-                      "modelled_step_s": steps_only}  # fmt: skip
+                      "predicted_latency_speedup": theirs.latency_s / mine.latency_s,
+                      "target_in_run_over_model": in_run_target_s(rows) / mine.target_s if mine.target_s else np.nan,
+                      "modelled_step_s": mine.steps_s}  # fmt: skip
         out.append(entry)
     table = pd.DataFrame(out)
     if table.empty:
@@ -237,17 +248,12 @@ def tau_ci(rows: pd.DataFrame) -> tuple[float, float]:
     return percentile_ci((rows["emitted"].to_numpy(float), rows["steps"].to_numpy(float)), share_of_sums, 2000, 0.95, 0)
 
 
-def _setting_suffix(setting: object) -> str:
-    """A rule's label beside its name: its theta, where it has one (`` (theta=0.9)``)."""
-    theta = recorded_setting(setting).get("theta")
-    return "" if theta is None else f" (theta={theta:g})"
-
-
-def _modelled_target_s(rows: pd.DataFrame, costs: BatchCosts) -> float:
-    """The target forwards' share of the modelled steps (to set beside the in-run ``step_target_s``)."""
-    zero = {size: dict.fromkeys(widths, 0.0) for size, widths in costs.drafter.items()}
-    return sum(modelled_steps_s([row_steps(row) for _, row in batch.iterrows()], BatchCosts(costs.target, zero))
-               for batch in batches_of(rows))  # fmt: skip
+def rule_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """``method_rows``, each labelled with its rule: the verifier and its theta, where it has one (``mars (theta=0.9)``)."""
+    methods = method_rows(frame)
+    thetas = [recorded_setting(setting).get("theta") for setting in methods["verifier_setting"]]
+    suffixes = ["" if theta is None else f" (theta={theta:g})" for theta in thetas]
+    return methods.assign(label=[f"{verifier}{suffix}" for verifier, suffix in zip(methods["verifier"], suffixes)])
 
 
 def extrapolated(frame: pd.DataFrame, costs: BatchCosts, seed: int = 0) -> pd.DataFrame:
@@ -257,8 +263,7 @@ def extrapolated(frame: pd.DataFrame, costs: BatchCosts, seed: int = 0) -> pd.Da
     speedup is below 1 (NaN where none is). A batch's prefill is its rows' shares of their own batches'
     measured prefills (a prefill is compute-bound: its time grows with the batch's prompt tokens)."""
     ok = finished(frame)
-    methods = method_rows(frame)
-    methods = methods.assign(label=methods["verifier"].astype(str) + methods["verifier_setting"].map(_setting_suffix))
+    methods = rule_rows(frame)
     bases = ok[ok["method"] == BASELINE]
     out = []
     for (model, task, temperature, label), rows in methods.groupby(KEYS, sort=True):

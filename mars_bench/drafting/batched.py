@@ -92,17 +92,15 @@ class BatchedModelDrafts(RowDrafts):
 
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
-        """Every row's drafts, on the device. Under a confidence stop the host reads the device once per
-        draft position (the stop is a host decision; the read brings every row's token with its q, so the
-        drafts come with host copies); else not at all: the engine learns the kept tokens with the verdicts.
-        Never once per row, so a step's host syncs do not grow with B."""
+        """Every row's drafts, on the device. Under a confidence stop the host reads every row's q once per
+        draft position (the stop is a host decision); else it reads nothing: the engine learns the kept
+        tokens with the verdicts. Never once per row, so a step's host syncs do not grow with B."""
         rows = len(contexts)
         logits = self.feed(contexts, limits)
         drafting = list(self.fed)
         tokens_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
         probs_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
         dists_per_row: list[list[torch.Tensor]] = [[] for _ in contexts]
-        host_per_row: list[list[int] | None] = [[] if self.drafter.min_confidence is not None else None for _ in contexts]
         for depth in range(max(limits, default=0)):
             processed, probs = self.drafter.draft_probs(logits, sampling)
             token = torch.argmax(processed, dim=-1)
@@ -113,12 +111,8 @@ class BatchedModelDrafts(RowDrafts):
                 token = token.index_copy(0, chosen, streams.sample(probs.index_select(0, chosen), (1,) * len(active)))
             q = probs.gather(-1, token[:, None])[:, 0]
             confident = [True] * rows
-            if self.drafter.min_confidence is not None:  # one host read per position: every row's token and q
-                host_tokens, host_q = torch.stack([token.double(), q.double()]).tolist()
-                confident = [value >= self.drafter.min_confidence for value in host_q]
-                for index in range(rows):
-                    if drafting[index]:
-                        host_per_row[index].append(int(host_tokens[index]))
+            if self.drafter.min_confidence is not None:
+                confident = [value >= self.drafter.min_confidence for value in q.tolist()]  # one host read per position
             for index in range(rows):
                 if drafting[index]:
                     tokens_per_row[index].append(token[index : index + 1])
@@ -136,12 +130,11 @@ class BatchedModelDrafts(RowDrafts):
             logits, self.attended = batch_forward(self.model, self.cache, self.attended, token[:, None], fed)
             logits = logits[:, -1]
         return [
-            Draft(tokens=torch.cat(row_tokens), probs=torch.cat(row_probs), dists=torch.cat(row_dists) if row_dists else None,
-                  host_tokens=None if host is None else torch.tensor(host, dtype=torch.long))
+            Draft(tokens=torch.cat(row_tokens), probs=torch.cat(row_probs), dists=torch.cat(row_dists) if row_dists else None)
             if row_tokens
             else None
-            for row_tokens, row_probs, row_dists, host in zip(tokens_per_row, probs_per_row, dists_per_row, host_per_row)
-        ]  # fmt: skip
+            for row_tokens, row_probs, row_dists in zip(tokens_per_row, probs_per_row, dists_per_row)
+        ]
 
     def feed(self, contexts: Sequence[torch.Tensor], limits: Sequence[int]) -> torch.Tensor:
         """Each drafting row's tokens not cached yet, right-padded, in one forward: its next-token logits [B, V']."""

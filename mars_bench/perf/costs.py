@@ -98,6 +98,5 @@ def capped_step_speedups(steps: list[tuple[int, int, int]], target_s: dict[int, 
     speedups = {}
     for cap in range(1, deepest + 1):
         emitted = sum(cap + 1 if accepted > cap else tokens for _, accepted, tokens in steps)
-        seconds = sum(min(drafted, cap) * draft_one + target_s[min(drafted, cap) + 1] for drafted, _, _ in steps)
-        speedups[cap] = emitted * target_s[1] / seconds
+        speedups[cap] = predicted_step_speedup(emitted, [min(drafted, cap) for drafted, _, _ in steps], target_s, draft_one)
     return speedups

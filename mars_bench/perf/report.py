@@ -116,8 +116,9 @@ def analytic_table(result: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {row['predicted']:.2f}x | {row['measured']:.2f}x | {row['ratio']:.1%} | "
                      f"{predicted_tok_s:.2f} | {measured_tok_s:.2f} | {measured_tok_s / predicted_tok_s:.1%} | "
                      f"{optimum} | {of_optimum} |")  # fmt: skip
-    lines += ["", "The best cap cuts the steps the decode took at each cap k (min(drafted, k) drafts, min(accepted, k) + 1 "
-              "tokens); it cannot see past the deepest draft made, and ignores that a cap moves where later steps start."]
+    lines += ["", "The best cap cuts the steps the decode took at each cap k (min(drafted, k) drafts; k + 1 tokens where a "
+              "step accepted more than k, else what it emitted); it cannot see past the deepest draft made, and ignores "
+              "that a cap moves where later steps start."]
     return lines
 
 

@@ -176,13 +176,13 @@ class Suite:
         self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype)
         # Like for like: assisted generation drafts with the same weights as the configuration it is compared
         # with, quantized by the same function from the same checkpoint (the plain load stays as loaded).
+        self.methods = methods_for(settings)
         self.assistants = {method.assistant_weights: quantized_draft_model(self.peer_draft, method.assistant_weights)
-                           for method in methods_for(settings) if method.assisted}  # fmt: skip
+                           for method in self.methods if method.assisted}  # fmt: skip
         self.stops = stop_token_ids(self.target)
         prompts = task_prompts(self.target.tokenizer, settings)
         self.prompts = [prompt for _, prompt in prompts]
         self.prompt_tasks = [task for task, _ in prompts]
-        self.methods = methods_for(settings)
         self.drafters = {config: self.build_drafter(config) for config in settings.configs()}
         pad = self.target.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stops[0]
