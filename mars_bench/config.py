@@ -229,10 +229,13 @@ def method_spec(cfg: Any) -> MethodSpec:
     """The configured method: the ``drafter`` node (name, draft length, the drafter's own settings), the
     ``verifier`` node and the sampling keys, checked (ValueError, one line)."""
     drafter = cfg.drafter
+    settings = drafter_params(drafter)
+    if cfg.batch_size > 1 and settings.get("guesses"):
+        settings["guesses"] = 0  # lookup guesses ride on one sequence's drafter forwards; batches draft without them
     return MethodSpec.create(
         drafter.name,
         cfg.verifier.name,
-        drafter_settings=drafter_params(drafter),
+        drafter_settings=settings,
         verifier_settings=verifier_params(cfg.verifier),
         length=DraftLengthSettings(drafter.length, drafter.gamma, drafter.max_gamma, drafter.min_confidence),
         sampling=SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k),

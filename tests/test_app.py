@@ -62,8 +62,9 @@ def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults
     assert (chain.max_draft_depth, tree.max_draft_depth) == (9, 15)  # a tree: its node budget
 
 
-AS_LOADED = {"gamma": 5, "length": "fixed", "draft_vocab": None, "weights": None}
-TUNED_PAIR = {"gamma": 5, "length": "confidence", "draft_vocab": 32768, "weights": "int4"}  # conf/drafter_tuning
+AS_LOADED = {"gamma": 5, "length": "fixed", "min_confidence": 0.4, "draft_vocab": None, "weights": None, "guesses": 0}
+TUNED_PAIR = {"gamma": 20, "length": "confidence", "min_confidence": 0.6, "draft_vocab": 32768, "weights": "int4",
+              "guesses": 3}  # conf/drafter_tuning
 
 
 def _drafter_keys(cfg) -> dict:
@@ -149,7 +150,7 @@ def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     assert result.stderr.strip().splitlines() == [
         "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, "
         "min_confidence; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
-        "model: draft_vocab token_counts weights; model_tree: draft_vocab token_counts top_k tree_tokens weights"
+        "model: draft_vocab guesses token_counts weights; model_tree: draft_vocab token_counts top_k tree_tokens weights"
     ]
 
 

@@ -12,7 +12,7 @@ from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
 from mars_bench.perf.__main__ import main as perf_main
 from mars_bench.perf.__main__ import parse as perf_options
-from mars_bench.perf.costs import ForwardTimer, capped_step_speedups, predicted_step_speedup
+from mars_bench.perf.costs import ForwardTimer, calibrated_costs, capped_step_speedups, predicted_step_speedup
 from mars_bench.perf.report import main as report_main
 from mars_bench.perf.report import predicted_decode_tok_s, task_ratios
 from mars_bench.perf.suite import DraftConfig
@@ -37,7 +37,10 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--configs", "confidence:32768", "confidence:32768"], "--configs confidence:32768 is given twice: allowed is each"),
     (["--configs", "fixed", "eager"], "'eager' is invalid: allowed are fixed"),
     (["--configs", "fixed:32768:int2"], "--configs fixed:32768:int2 is invalid: allowed as weights are int8, int4"),
-    (["--configs", "fixed:none:int4:x"], "--configs fixed:none:int4:x is invalid: allowed as weights are int8, int4"),
+    (["--configs", "fixed:none:int4:x"], "--configs fixed:none:int4:x is invalid: allowed as guesses are integers >= 0"),
+    (["--configs", "fixed:none:int4:2:x"], "--configs fixed:none:int4:2:x is invalid: allowed as guesses are integers >= 0"),
+    (["--peers", "vllm"], "--peers vllm is invalid: allowed are generate, assisted, assisted-like"),
+    (["--min-confidence", "1.5"], "drafter.min_confidence=1.5 is invalid: allowed is a number in (0, 1)"),
 ])  # fmt: skip
 def test_configurations_given_one_by_one_are_checked_before_anything_loads(options, error, tmp_path, capsys):
     assert perf_main([*options, "--out", str(tmp_path / "out")]) == 2
@@ -54,6 +57,9 @@ def test_configurations_given_one_by_one_replace_every_length_with_every_vocabul
     names = ["confidence + vocab 32768 + int4 weights", "fixed + int8 weights"]
     assert [config.name for config in quantized.configs()[1:]] == names
     assert [config.drafter_key for config in quantized.configs()] == ["32768", "32768:int4", "None:int8"]
+    guessing, _ = perf_options(["--configs", "confidence:32768:int4:3", "confidence:32768:none:3"])
+    assert guessing.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
+    assert guessing.configs()[0].name == "confidence + vocab 32768 + int4 weights + 3 guesses"
     product, _ = perf_options(["--draft-length", "fixed", "confidence", "--draft-vocab", "none", "32768"])
     assert len(product.configs()) == 4 and set(settings.configs()) < set(product.configs())
 
@@ -108,8 +114,20 @@ def test_the_analytic_model_is_tokens_over_the_forward_cost_of_the_steps_taken()
 
 def test_the_chain_is_also_held_to_the_decode_throughput_its_forward_costs_predict_without_an_ar_side():
     # a predicted 2x over an AR side of one 0.25 s forward per token: the chain's forwards allow 8 tokens/s
-    assert predicted_decode_tok_s(2.0, {"target": {"1": 0.25, "2": 0.2}}) == pytest.approx(8.0)  # as read from perf.json
-    assert predicted_decode_tok_s(2.0, {"target": {1: 0.25, 2: 0.2}}) == pytest.approx(8.0)  # as the suite builds it
+    old_row = {"predicted": 2.0}  # a report written before calibration: its AR side is the isolated one-token forward
+    assert predicted_decode_tok_s(old_row, {"target": {"1": 0.25, "2": 0.2}}) == pytest.approx(8.0)  # as read from perf.json
+    assert predicted_decode_tok_s(old_row, {"target": {1: 0.25, 2: 0.2}}) == pytest.approx(8.0)  # as the suite builds it
+    calibrated = {"predicted": 2.0, "one_token_s": 0.2}  # priced at the AR decodes' own one-token forward
+    assert predicted_decode_tok_s(calibrated, {"target": {1: 0.25}}) == pytest.approx(10.0)
+
+
+def test_the_calibrated_costs_take_each_widths_median_and_a_line_through_them():
+    forwards = [(1, 0.10), (1, 0.10), (1, 0.50), (3, 0.14), (3, 0.14), (3, 0.14)]  # an outlier at width 1 moves no median
+    costs = calibrated_costs(forwards, [1, 2, 3, 5])
+    assert costs == pytest.approx({1: 0.10, 2: 0.12, 3: 0.14, 5: 0.18})
+    assert calibrated_costs([(1, 0.2), (1, 0.3), (1, 0.4)], [1, 4]) == {1: 0.3, 4: 0.3}  # one width fed: its median
+    with pytest.raises(ValueError, match="no forwards"):
+        calibrated_costs([], [1])
 
 
 def test_the_forward_timer_counts_every_forward_of_both_models_inside_its_block_only():
@@ -120,6 +138,9 @@ def test_the_forward_timer_counts_every_forward_of_both_models_inside_its_block_
     # Per step: one target forward and one drafter forward per draft; plus both prefills.
     assert timer.calls == 2 + result.verify_steps + result.drafted
     assert 0 < timer.seconds < result.prefill_s + result.decode_s
+    assert len(timer.forwards) == timer.calls and sum(seconds for _, seconds in timer.forwards) == pytest.approx(timer.seconds)
+    widths = sorted(width for width, _ in timer.forwards)  # tokens fed: the prefills, verify widths, draft feeds
+    assert widths.count(3) >= 1 and sum(width == 4 for width in widths) == sum(s.drafted == 3 for s in result.steps)
     target(torch.tensor([[1, 2]]))  # outside the block: not counted
     assert timer.calls == 2 + result.verify_steps + result.drafted
 

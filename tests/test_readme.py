@@ -33,7 +33,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, TINY_TARGET, needs_shared_data, python_m, sbatch_script, slurm_config
+from conftest import SHARED_DATA, TINY_TARGET, needs_shared_data, python_m, run_config, sbatch_script, slurm_config
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -565,6 +565,21 @@ def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperat
     assert assisted == {f"{t} transformers assisted generation", f"{t} transformers assisted generation, int4 assistant"}
     assert settings.configs() == [DraftConfig("confidence", 32768, "int4")]
     assert [config.drafter_key for config in settings.configs()] == ["32768:int4"]  # the quantized drafter's own forward cost
+
+
+def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter_against_the_same_weights_assistant():
+    settings, out = perf_settings("python -m mars_bench.perf --tasks humaneval gsm8k mt_bench")
+    assert settings.tasks == ("humaneval", "gsm8k", "mt_bench") and settings.num_prompts == 10 and settings.repeats == 2
+    assert (settings.gamma, settings.min_confidence, settings.temperatures) == (20, 0.6, (0.0,))
+    assert settings.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
+    names = {method.name for method in methods_for(settings)}
+    assert names == {"T=0 ours AR baseline", "T=0 transformers assisted generation, int4 assistant",
+                     "T=0 transformers assisted generation",  # the bf16 configuration's like-for-like assistant
+                     "T=0 ours chain exact, confidence + vocab 32768 + int4 weights + 3 guesses",
+                     "T=0 ours chain exact, confidence + vocab 32768 + 3 guesses"}  # fmt: skip
+    tuned = run_config().drafter  # the protocol's configuration is the embedded pair's default
+    assert (tuned.length, tuned.gamma, tuned.min_confidence, tuned.draft_vocab, tuned.weights, tuned.guesses) == (
+        "confidence", settings.gamma, settings.min_confidence, 32768, "int4", 3)  # fmt: skip
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():

@@ -172,6 +172,9 @@ class BatchedModelDrafts(RowDrafts):
 def batch_drafter(drafter: Drafter | None) -> RowDrafts:
     """The batched form of ``drafter`` (None: the AR baseline's: no drafts)."""
     check_batch_drafter(drafter)
+    guesses = getattr(getattr(drafter, "settings", None), "guesses", 0)
+    if guesses:
+        raise ValueError(f"drafter.guesses={guesses} rides on one sequence's drafter forwards: allowed at batch_size > 1 is 0")
     if drafter is not None and drafter.name in MODEL_DRAFTERS:
         return BatchedModelDrafts(drafter)
     return RowDrafts(drafter)

@@ -28,6 +28,22 @@ class LookupSettings:
             )
 
 
+def lookup_continuation(sequence: torch.Tensor, max_tokens: int, min_ngram: int, max_ngram: int) -> torch.Tensor:
+    """The up to ``max_tokens`` tokens that followed the most recent earlier occurrence of the
+    last n-gram of ``sequence`` (LongTensor[L]), trying n from ``max_ngram`` down to
+    ``min_ngram``: the longest match wins. Empty when nothing matches."""
+    length = int(sequence.shape[0])
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = sequence[: length - 1].unfold(0, n, 1)  # windows that end before the last token
+        hits = torch.nonzero((windows == sequence[length - n :]).all(dim=1)).flatten()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            tokens = sequence[start : start + max_tokens]
+            if tokens.numel():
+                return tokens
+    return sequence[:0]
+
+
 class LookupDrafter(Drafter):
     """Tries n-gram lengths from ``max_ngram`` down to ``min_ngram``; the longest match wins.
     Drafts go to ``device``."""
@@ -45,16 +61,10 @@ class LookupDrafter(Drafter):
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        length = int(context.shape[0])
-        for n in range(min(self.settings.max_ngram, length - 1), self.settings.min_ngram - 1, -1):
-            windows = context[: length - 1].unfold(0, n, 1)  # windows that end before the last token
-            hits = torch.nonzero((windows == context[length - n :]).all(dim=1)).flatten()
-            if hits.numel():
-                start = int(hits[-1]) + n
-                tokens = context[start : start + max_drafts]
-                if tokens.numel():
-                    return Draft(tokens.to(self.device), probs=torch.ones(tokens.numel(), device=self.device), host_tokens=tokens)
-        return empty_draft(self.device)
+        tokens = lookup_continuation(context, max_drafts, self.settings.min_ngram, self.settings.max_ngram)
+        if not tokens.numel():
+            return empty_draft(self.device)
+        return Draft(tokens.to(self.device), probs=torch.ones(tokens.numel(), device=self.device), host_tokens=tokens)
 
 
 @register_drafter("lookup", settings=LookupSettings)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,10 +11,14 @@ from transformers import DynamicCache
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_without_model, register_drafter
 from mars_bench.drafting.draft_vocab import DraftVocabSettings, reduced_draft_model
 from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model
+from mars_bench.drafting.lookup import lookup_continuation
 from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.placement import input_device
+from mars_bench.settings import OPTIONAL
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
+
+GUESS_NGRAMS = (2, 3)  # the n-gram lengths (shortest, longest) whose earlier continuation the drafter's guesses copy
 
 
 def check_min_confidence(value: float | None) -> None:
@@ -61,9 +65,7 @@ class ModelDrafter(Drafter):
         self.cached_valid = self.cached_total
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = cached_logits(self.model, tokens, self.cache, last_only=True)
-        self.cached_total += int(tokens.shape[0])
-        return logits[0]
+        return self._forward_rows(tokens, 1)[0]
 
     def _fit_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
         width = self.vocab_size or rows.shape[-1]
@@ -93,16 +95,35 @@ class ModelDrafter(Drafter):
     ) -> Draft:
         self._rewind()
         feed = context[self.cached_valid :].to(self.device)
+        guesses = getattr(self.settings, "guesses", 0)
+        history = context.cpu().tolist() if guesses else []  # what prompt lookup searches: context, then drafts
         tokens, token_probs, dists = [], [], []
-        for _ in range(max_drafts):
-            processed, probs = self.draft_probs(self._forward(feed)[None], sampling)
-            token = torch.argmax(processed, dim=-1) if sampling.greedy else sample_rows(probs, generator)
-            tokens.append(token)
-            token_probs.append(probs.gather(-1, token[:, None])[:, 0])
-            if not sampling.greedy:
-                dists.append(probs)
-            feed = token
-            if self.min_confidence is not None and float(token_probs[-1]) < self.min_confidence:
+        while len(tokens) < max_drafts:
+            guessed = self._guess(history, min(guesses, max_drafts - len(tokens) - 1))
+            cached_before = self.cached_total + int(feed.shape[0])
+            logits = self._forward_rows(torch.cat([feed, guessed.to(self.device)]), int(guessed.shape[0]) + 1)
+            processed, probs = self.draft_probs(logits, sampling)
+            stop, produced = False, 0
+            for row in range(logits.shape[0]):
+                token = (
+                    torch.argmax(processed[row : row + 1], dim=-1)
+                    if sampling.greedy
+                    else sample_rows(probs[row : row + 1], generator)
+                )
+                tokens.append(token)
+                token_probs.append(probs[row : row + 1].gather(-1, token[:, None])[:, 0])
+                if not sampling.greedy:
+                    dists.append(probs[row : row + 1])
+                produced += 1
+                stop = self.min_confidence is not None and float(token_probs[-1]) < self.min_confidence
+                if stop or row == guessed.shape[0] or int(token) != int(guessed[row]):
+                    break
+            # The cache holds every guess fed; keep only the confirmed ones (the newest draft is not fed yet).
+            self._crop(cached_before + produced - 1)
+            if guesses:
+                history += [int(token) for token in tokens[-produced:]]
+            feed = tokens[-1]
+            if stop:
                 break
         self.last_context_len = int(context.shape[0])
         self.last_drafted = len(tokens)
@@ -112,15 +133,49 @@ class ModelDrafter(Drafter):
             dists=torch.cat(dists) if dists else None,
         )
 
+    def _guess(self, history: list[int], count: int) -> torch.Tensor:
+        """Up to ``count`` tokens guessed by prompt lookup over ``history`` (empty when count is 0)."""
+        if count <= 0:
+            return torch.empty(0, dtype=torch.long)
+        return lookup_continuation(torch.tensor(history), count, *GUESS_NGRAMS)
+
+    def _forward_rows(self, tokens: torch.Tensor, rows: int) -> torch.Tensor:
+        """Logits [rows, V] for the last ``rows`` of ``tokens`` fed to the cache."""
+        logits = cached_logits(self.model, tokens, self.cache, keep_last=rows)
+        self.cached_total += int(tokens.shape[0])
+        return logits
+
+    def _crop(self, length: int) -> None:
+        if length < self.cached_total:
+            crop_to(self.cache, length)
+            self.cached_total = length
+
     def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
         # The last drafted token was never fed, so at most drafted - 1 drafts are cached.
         self.cached_valid = self.last_context_len + max(0, min(len(path), self.last_drafted - 1))
 
 
+def check_guesses(value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"drafter.guesses={value!r} is invalid: allowed is an integer >= 0 (0: no guesses)")
+
+
 @dataclass(frozen=True)
 class ModelSettings(DraftWeightSettings, DraftVocabSettings):
     """model: a chain of gamma drafts (the engine's gamma and draft-length policy), optionally
-    scored over a reduced vocabulary, optionally with quantized weights (conf/drafter/model.yaml)."""
+    scored over a reduced vocabulary, optionally with quantized weights (conf/drafter/model.yaml).
+
+    guesses: up to this many tokens, copied by prompt lookup from what followed the context's
+        last n-gram earlier, ride along with each of the drafter's forwards; every guess the
+        drafter's own choice confirms is a further draft from that forward (0: one draft per
+        forward). The drafts are the ones the drafter makes without guesses.
+    """
+
+    guesses: int = field(default=0, metadata=OPTIONAL)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_guesses(self.guesses)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from mars_bench.drafting.draft_weights import DRAFT_WEIGHTS
 from mars_bench.files import atomic_replace
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
-from mars_bench.perf.suite import DraftConfig, PerfSettings, run_suite
+from mars_bench.perf.suite import PEER_METHODS, DraftConfig, PerfSettings, run_suite
 
 CONF_MODELS = CONF_DIR / "model"
 
@@ -42,17 +42,45 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     parser.add_argument("--max-new-tokens", type=int, default=PerfSettings.max_new_tokens)
     parser.add_argument("--repeats", type=int, default=PerfSettings.repeats)
     parser.add_argument("--gamma", type=int, default=PerfSettings.gamma)
+    parser.add_argument(
+        "--min-confidence",
+        type=float,
+        default=PerfSettings.min_confidence,
+        help="the confidence policy's stop: end a draft after a token the drafter gives q below this",
+    )
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        default=list(PEER_METHODS),
+        help="transformers' methods to time: generate, assisted (assistant as loaded), "
+        "assisted-like (the assistant with each configuration's draft weights); default all",
+    )
     parser.add_argument("--dtype", default=None, help="default: the model option's dtype")
-    parser.add_argument("--draft-length", nargs="+", default=None,
-                        help="our draft-length policies: fixed (default), schedule, confidence (each is one configuration)")
-    parser.add_argument("--draft-vocab", nargs="+", default=None,
-                        help="our drafter's vocabularies: none (all tokens, default) or K most frequent (each with each policy)")
-    parser.add_argument("--configs", nargs="+", default=None, metavar="POLICY[:K[:WEIGHTS]]",
-                        help="configurations one by one instead, e.g. fixed confidence:32768 confidence:32768:int4 "
-                             "(K: the draft vocabulary, none for all; WEIGHTS: int8 or int4, the drafter's quantized weights)")
+    parser.add_argument(
+        "--draft-length",
+        nargs="+",
+        default=None,
+        help="our draft-length policies: fixed (default), schedule, confidence (each is one configuration)",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        nargs="+",
+        default=None,
+        help="our drafter's vocabularies: none (all tokens, default) or K most frequent (each with each policy)",
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        metavar="POLICY[:K[:WEIGHTS[:GUESSES]]]",
+        help="configurations one by one instead, e.g. fixed confidence:32768 confidence:32768:int4 "
+        "confidence:32768:int4:3 (K: the draft vocabulary, none for all; WEIGHTS: int8 or int4, "
+        "the drafter's quantized weights, none as loaded; GUESSES: drafter.guesses)",
+    )
     parser.add_argument("--token-counts", default=None, help="a count file (.npy/.json) ranking the draft vocabulary")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=list(PerfSettings.temperatures),
-                        help="0 (greedy), 1 (sampling), or both")
+    parser.add_argument(
+        "--temperatures", nargs="+", type=float, default=list(PerfSettings.temperatures), help="0 (greedy), 1 (sampling), or both"
+    )
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="perf_out")
     args = parser.parse_args(argv)
@@ -67,7 +95,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     settings = PerfSettings(
         target=model.target, draft_model=model.draft_model, dtype=args.dtype or model.get("dtype", "bfloat16"),
         tasks=tuple(args.tasks), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gamma=args.gamma, temperatures=tuple(args.temperatures),
+        repeats=args.repeats, gamma=args.gamma, min_confidence=args.min_confidence, peers=tuple(args.peers),
+        temperatures=tuple(args.temperatures),
         token_counts=args.token_counts, data_dir=args.data_dir, **draft_configs(args),
     )  # fmt: skip
     settings.check()
@@ -75,8 +104,9 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
 
 
 def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
-    """The drafter configurations asked for: ``--configs`` one by one (``POLICY``, ``POLICY:K``
-    or ``POLICY:K:WEIGHTS``), else each ``--draft-length`` with each ``--draft-vocab``."""
+    """The drafter configurations asked for: ``--configs`` one by one (``POLICY``, ``POLICY:K``,
+    ``POLICY:K:WEIGHTS`` or ``POLICY:K:WEIGHTS:GUESSES``), else each ``--draft-length`` with each
+    ``--draft-vocab``."""
     if args.configs is None:  # what is not given keeps PerfSettings' default
         product = {"draft_lengths": tuple(args.draft_length or ()),
                    "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ())}  # fmt: skip
@@ -86,10 +116,13 @@ def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
     configs: list[DraftConfig] = []
     for value in args.configs:
         length, _, rest = value.partition(":")
-        vocab, _, weights = rest.partition(":")
-        config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None, weights or None)
+        vocab, _, rest = rest.partition(":")
+        weights, _, guesses = rest.partition(":")
+        weights = None if weights.lower() in ("", "none") else weights
         if weights:
             check_weights(weights, value)
+        config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None, weights,
+                             parse_guesses(guesses, value) if guesses else 0)  # fmt: skip
         if config in configs:
             raise ValueError(f"--configs {value} is given twice: allowed is each configuration once")
         configs.append(config)
@@ -99,6 +132,12 @@ def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
 def check_weights(weights: str, given: str) -> None:
     if weights not in DRAFT_WEIGHTS:
         raise ValueError(f"--configs {given} is invalid: allowed as weights are {', '.join(DRAFT_WEIGHTS)} (none: leave it out)")
+
+
+def parse_guesses(value: str, given: str) -> int:
+    if not value.isdigit():
+        raise ValueError(f"--configs {given} is invalid: allowed as guesses are integers >= 0")
+    return int(value)
 
 
 def parse_vocab(value: str, option: str = "--draft-vocab", given: str | None = None) -> int | None:

@@ -17,10 +17,11 @@ def spread(row: dict[str, Any]) -> tuple[str, str]:
             f"{row['prompt_median']:.2f}x [{row['prompt_min']:.2f}, {row['prompt_max']:.2f}]")  # fmt: skip
 
 
-def config_label(length: str, vocab: int | None, weights: str | None = None) -> str:
+def config_label(length: str, vocab: int | None, weights: str | None = None, guesses: int = 0) -> str:
     """A drafter configuration's name: its draft-length policy, its draft vocabulary if reduced,
-    its weights if quantized."""
-    return length + (f" + vocab {vocab}" if vocab else "") + (f" + {weights} weights" if weights else "")
+    its weights if quantized, its lookup guesses per drafter forward if any."""
+    return (length + (f" + vocab {vocab}" if vocab else "") + (f" + {weights} weights" if weights else "")
+            + (f" + {guesses} guesses" if guesses else ""))  # fmt: skip
 
 
 def header(result: dict[str, Any]) -> str:
@@ -102,32 +103,41 @@ def analytic_table(result: dict[str, Any]) -> list[str]:
     drafter = ", ".join(f"{key.replace('None', 'all')} {s * 1000:.1f}" for key, s in costs["drafter"].items())
     lines = [f"Forward costs at a {costs['context_tokens']}-token context (median of 10), ms: target by tokens fed: {target}; "
              f"drafter, one token, by draft vocabulary (and weights): {drafter}.", "",
-             "| ours | predicted speedup over our AR baseline | measured (decode only) | measured / predicted "
-             "| predicted decode tok/s | measured decode tok/s | measured / predicted tok/s "
+             "| ours | predicted speedup over our AR baseline (calibrated) | predicted from the isolated costs "
+             "| measured (decode only) | measured / predicted | predicted decode tok/s | measured decode tok/s "
+             "| measured / predicted tok/s | drafter ms per draft (its decodes' own) "
              "| the model's best cap on drafts per step (its prediction) | measured / that optimum |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, row in analytic["speedup_over_our_baseline"].items():
-        predicted_tok_s = predicted_decode_tok_s(row["predicted"], costs)
+        predicted_tok_s = predicted_decode_tok_s(row, costs)
         measured_tok_s = result["results"][name]["decode_tok_s"]
         best = row.get("best_cap")  # reports written before it lack it
         capped = {int(cap): speedup for cap, speedup in row.get("capped", {}).items()}  # JSON keeps caps as strings
         optimum = f"{best} ({capped[best]:.2f}x)" if best else "-"
         of_optimum = f"{row['of_optimum']:.1%}" if best else "-"
-        lines.append(f"| {name} | {row['predicted']:.2f}x | {row['measured']:.2f}x | {row['ratio']:.1%} | "
-                     f"{predicted_tok_s:.2f} | {measured_tok_s:.2f} | {measured_tok_s / predicted_tok_s:.1%} | "
+        isolated = f"{row['predicted_isolated']:.2f}x" if "predicted_isolated" in row else "-"  # before calibration: = predicted
+        per_draft = f"{row['draft_s'] * 1000:.1f}" if "draft_s" in row else "-"
+        lines.append(f"| {name} | {row['predicted']:.2f}x | {isolated} | {row['measured']:.2f}x | {row['ratio']:.1%} | "
+                     f"{predicted_tok_s:.2f} | {measured_tok_s:.2f} | {measured_tok_s / predicted_tok_s:.1%} | {per_draft} | "
                      f"{optimum} | {of_optimum} |")  # fmt: skip
-    lines += ["", "The best cap cuts the steps the decode took at each cap k (min(drafted, k) drafts; k + 1 tokens where a "
+    lines += ["", "The calibrated prediction prices each forward by the tokens it was fed, from the decodes' own "
+              "forwards (prefills left out): the AR baseline's one-token forwards for autoregressive decoding, the "
+              "method's own target and drafter forwards for its steps.",
+              "", "The best cap cuts the steps the decode took at each cap k (min(drafted, k) drafts; k + 1 tokens where a "
               "step accepted more than k, else what it emitted); it cannot see past the deepest draft made, and ignores "
               "that a cap moves where later steps start."]
     return lines
 
 
-def predicted_decode_tok_s(predicted_speedup: float, costs: dict[str, Any]) -> float:
+def predicted_decode_tok_s(row: dict[str, Any], costs: dict[str, Any]) -> float:
     """The chain's decode tokens per second that the forward costs alone predict: the analytic
-    speedup without its AR side (one isolated one-token target forward per token), so the check
-    against the measured decode throughput does not hang on that one isolated time."""
-    one_token_s = {int(width): seconds for width, seconds in costs["target"].items()}[1]  # JSON keeps widths as strings
-    return predicted_speedup / one_token_s
+    speedup without its AR side (one one-token target forward per token, the one the prediction
+    priced them at), so the check against the measured decode throughput does not hang on that
+    one time."""
+    one_token_s = row.get("one_token_s")  # reports written before calibration priced it in isolation
+    if one_token_s is None:
+        one_token_s = {int(width): seconds for width, seconds in costs["target"].items()}[1]  # JSON keeps widths as strings
+    return row["predicted"] / one_token_s
 
 
 def markdown(result: dict[str, Any]) -> str:

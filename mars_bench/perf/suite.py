@@ -26,9 +26,16 @@ from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.draft_weights import quantized_draft_model
+from mars_bench.drafting.model import check_min_confidence
 from mars_bench.method import MethodSpec
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.perf.costs import ForwardTimer, capped_step_speedups, forward_seconds, predicted_step_speedup
+from mars_bench.perf.costs import (
+    ForwardTimer,
+    calibrated_costs,
+    capped_step_speedups,
+    forward_seconds,
+    predicted_step_speedup,
+)
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
 from mars_bench.strict_rule import strict_verifier
@@ -38,21 +45,26 @@ from mars_bench.token_counts import emitted_tokens
 from mars_bench.verification.sampling import SamplingParams
 
 OURS, PEER = "ours", "transformers"
+# transformers' methods: generate (greedy), assisted generation with the assistant as loaded, and with the
+# draft weights of each of our configurations (like for like: quantized as that configuration's drafter is)
+PEER_METHODS = ("generate", "assisted", "assisted-like")
 Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per prompt: one timed run
 
 
 @dataclass(frozen=True)
 class DraftConfig:
     """One configuration of our model drafter: its draft-length policy, draft vocabulary (K or
-    None: all) and weights (int8, int4 or None: as loaded)."""
+    None: all), weights (int8, int4 or None: as loaded) and lookup guesses per drafter forward
+    (``drafter.guesses``)."""
 
     length: str = "fixed"
     vocab: int | None = None
     weights: str | None = None
+    guesses: int = 0
 
     @property
     def name(self) -> str:
-        return config_label(self.length, self.vocab, self.weights)
+        return config_label(self.length, self.vocab, self.weights, self.guesses)
 
     @property
     def drafter_key(self) -> str:
@@ -76,6 +88,8 @@ class PerfSettings:
     configurations: tuple[DraftConfig, ...] = ()  # given one by one, instead of every length with every vocabulary
     temperatures: tuple[float, ...] = (0.0, 1.0)
     max_gamma: int = DEFAULT_LENGTH.max_gamma  # the schedule policy's longest draft
+    min_confidence: float = DEFAULT_LENGTH.min_confidence  # the confidence policy's stop
+    peers: tuple[str, ...] = PEER_METHODS  # transformers' methods timed (see methods_for)
     token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
     data_dir: str | None = None
 
@@ -88,6 +102,10 @@ class PerfSettings:
             self.spec(config, 0.0)
         if self.token_counts is not None:
             check_count_file(self.token_counts)  # before any model loads
+        check_min_confidence(self.min_confidence)
+        for peer in self.peers:
+            if peer not in PEER_METHODS:
+                raise ValueError(f"--peers {peer} is invalid: allowed are {', '.join(PEER_METHODS)}")
         for temperature in self.temperatures:
             if temperature not in (0.0, 1.0):
                 raise ValueError(f"--temperatures {temperature:g} is invalid: allowed are 0 (greedy) and 1 (sampling)")
@@ -99,8 +117,8 @@ class PerfSettings:
         if config is None:
             return MethodSpec(sampling=sampling)
         drafter = {"draft_vocab": config.vocab, "token_counts": self.token_counts if config.vocab else None,
-                   "weights": config.weights}  # fmt: skip
-        length = DraftLengthSettings(config.length, self.gamma, self.max_gamma)
+                   "weights": config.weights, "guesses": config.guesses}  # fmt: skip
+        length = DraftLengthSettings(config.length, self.gamma, self.max_gamma, self.min_confidence)
         verifier = Method(OURS, temperature, config).verifier
         return MethodSpec.create("model", verifier, drafter_settings=drafter, length=length, sampling=sampling)
 
@@ -138,12 +156,14 @@ class Method:
 
 def methods_for(settings: PerfSettings) -> list[Method]:
     """At each temperature: our AR baseline, ``generate`` (greedy), assisted generation with the assistant as
-    loaded and with it quantized as each of our configurations quantizes its drafter, and our configurations."""
-    weights = list(dict.fromkeys([None, *(config.weights for config in settings.configs())]))
+    loaded and with it quantized as each of our configurations quantizes its drafter, and our configurations
+    (of transformers' methods, those ``settings.peers`` names)."""
+    like = [config.weights for config in settings.configs()] if "assisted-like" in settings.peers else []
+    weights = list(dict.fromkeys(([None] if "assisted" in settings.peers else []) + like))
     methods = []
     for temperature in settings.temperatures:
         methods.append(Method(OURS, temperature))
-        if temperature == 0:
+        if temperature == 0 and "generate" in settings.peers:
             methods.append(Method(PEER, temperature))
         methods += [Method(PEER, temperature, assisted=True, assistant_weights=value) for value in weights]
         methods += [Method(OURS, temperature, config) for config in settings.configs()]
@@ -226,6 +246,7 @@ class Suite:
             contention = self.meter.stop()
         return value, {"seconds": wall, "target_forwards": target.calls, "target_forward_s": target.seconds,
                        "drafter_forwards": draft.calls, "drafter_forward_s": draft.seconds,
+                       "target_widths": target.forwards, "drafter_widths": draft.forwards,
                        "other_load": contention.other_load, "disturbed": contention.disturbed()}  # fmt: skip
 
     def warm_up(self) -> None:
@@ -299,10 +320,11 @@ def comparisons(methods: list[Method], raw: Raw) -> list[dict[str, Any]]:
     for method in methods:
         t = method.temperature
         if method.side == OURS and method.config is not None:
-            same_weights = by_key[(PEER, t, True, None, method.config.weights)]  # the same draft weights on both sides
+            same_weights = by_key.get((PEER, t, True, None, method.config.weights))  # the same draft weights on both sides
             pairs += [(method, by_key[(OURS, t, False, None, None)]), (method, same_weights)]
         elif t == 0 and (method.side, method.assisted) in ((OURS, False), (PEER, True)):
-            pairs.append((method, by_key[(PEER, t, False, None, None)]))
+            pairs.append((method, by_key.get((PEER, t, False, None, None))))  # plain generate, if timed
+    pairs = [(mine, other) for mine, other in pairs if other is not None]
     rows = []
     for mine, other in pairs:
         identical = sum(a["tokens"] == b["tokens"] for ra, rb in zip(raw[mine.name], raw[other.name]) for a, b in zip(ra, rb))
@@ -343,24 +365,49 @@ def forward_costs(suite: Suite) -> dict[str, Any]:
     }
 
 
+def decode_forwards(runs: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(tokens fed, seconds) of each forward ``key`` names (``target_widths`` or ``drafter_widths``) in ``runs``,
+    each run's first (its prefill) left out."""
+    return [(width, seconds) for run in runs for width, seconds in run.get(key, [])[1:]]
+
+
 def analytic_model(methods: list[Method], costs: dict[str, Any], raw: Raw,
                    results: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    """Per speculative method: the speedup over our AR baseline (decode time only) that the forward
-    costs predict for the steps it actually took, beside the measured one."""
+    """Per speculative method: the speedup over our AR baseline (decode time only) that forward costs
+    predict for the steps it actually took, beside the measured one.
+
+    ``predicted`` is calibrated on the decodes' own forwards (``calibrated_costs``, by tokens fed): the AR
+    baseline's one-token forwards price the tokens autoregressive decoding makes, the method's own target
+    forwards price each step's verify forward by its width, and its drafter forwards as they were fed
+    (lookup guesses make some wider, and fewer). ``predicted_isolated`` is the same with the forward costs
+    timed in isolation (``forward_costs``: one drafter forward per draft). The caps cut each step at k
+    drafts, a draft priced at the method's drafter seconds per draft."""
     predictions = {}
     for method in methods:
         if method.side != OURS or method.config is None:
             continue
         runs = [run for repeat in raw[method.name] for run in repeat]
+        baseline_runs = [run for repeat in raw[Method(OURS, method.temperature).name] for run in repeat]
         step_drafts = [drafted for run in runs for drafted in run["step_drafts"]]
-        draft_one = costs["drafter"][method.config.drafter_key]
-        predicted = predicted_step_speedup(sum(run["emitted"] for run in runs), step_drafts, costs["target"], draft_one)
-        baseline = results[Method(OURS, method.temperature).name]
-        measured = results[method.name]["decode_tok_s"] / baseline["decode_tok_s"]
         steps = [step for run in runs for step in zip(run["step_drafts"], run["step_accepted"], run["step_emitted"])]
-        capped = capped_step_speedups(steps, costs["target"], draft_one)
+        emitted = sum(run["emitted"] for run in runs)
+        draft_one = costs["drafter"][method.config.drafter_key]
+        isolated = predicted_step_speedup(emitted, step_drafts, costs["target"], draft_one)
+        widths = range(1, max(costs["target"]) + 1)
+        target_forwards, drafter_forwards = decode_forwards(runs, "target_widths"), decode_forwards(runs, "drafter_widths")
+        if target_forwards and drafter_forwards and decode_forwards(baseline_runs, "target_widths"):
+            one_token = calibrated_costs(decode_forwards(baseline_runs, "target_widths"), [1])[1]
+            target_s = calibrated_costs(target_forwards, widths)
+            drafter_s = calibrated_costs(drafter_forwards, {width for width, _ in drafter_forwards})
+            per_draft = sum(drafter_s[width] for width, _ in drafter_forwards) / max(1, sum(step_drafts))
+        else:  # a report's runs without their forwards' widths: the isolated costs only
+            one_token, target_s, per_draft = costs["target"][1], costs["target"], draft_one
+        predicted = predicted_step_speedup(emitted, step_drafts, target_s, per_draft, one_token)
+        measured = results[method.name]["decode_tok_s"] / results[Method(OURS, method.temperature).name]["decode_tok_s"]
+        capped = capped_step_speedups(steps, target_s, per_draft, one_token)
         best = max(capped, key=capped.get) if capped else None
         predictions[method.name] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted,
+                                    "predicted_isolated": isolated, "one_token_s": one_token, "draft_s": per_draft,
                                     "capped": capped, "best_cap": best,
                                     "of_optimum": measured / capped[best] if best else None}  # fmt: skip
     return {"costs": costs, "speedup_over_our_baseline": predictions}
