@@ -34,8 +34,6 @@ class ForwardTimer:
 
     def __init__(self, *models: Any) -> None:
         self.models = models
-        self.seconds = 0.0
-        self.calls = 0
         self.forwards: list[tuple[int, float]] = []
         self._handles: list[Any] = []
         self._devices: dict[int, torch.device] = {}  # id(model) -> its input device, resolved once per block
@@ -48,10 +46,15 @@ class ForwardTimer:
         self._started = synced_time(self._devices[id(model)])
 
     def _stop(self, model: Any, args: Any, output: Any) -> None:
-        seconds = synced_time(self._devices[id(model)]) - self._started
-        self.seconds += seconds
-        self.calls += 1
-        self.forwards.append((self._width, seconds))
+        self.forwards.append((self._width, synced_time(self._devices[id(model)]) - self._started))
+
+    @property
+    def calls(self) -> int:
+        return len(self.forwards)
+
+    @property
+    def seconds(self) -> float:
+        return sum(seconds for _, seconds in self.forwards)
 
     def __enter__(self) -> ForwardTimer:
         self._devices = {id(model): input_device(model) for model in self.models}

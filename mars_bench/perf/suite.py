@@ -383,11 +383,16 @@ def analytic_model(methods: list[Method], costs: dict[str, Any], raw: Raw,
     timed in isolation (``forward_costs``: one drafter forward per draft). The caps cut each step at k
     drafts, a draft priced at the method's drafter seconds per draft."""
     predictions = {}
+    baseline_one_token = {}  # temperature -> the AR baseline's decodes' own one-token forward, seconds
+    for method in methods:
+        if method.side == OURS and method.config is None:
+            forwards = decode_forwards([run for repeat in raw[method.name] for run in repeat], "target_widths")
+            if forwards:
+                baseline_one_token[method.temperature] = calibrated_costs(forwards, [1])[1]
     for method in methods:
         if method.side != OURS or method.config is None:
             continue
         runs = [run for repeat in raw[method.name] for run in repeat]
-        baseline_runs = [run for repeat in raw[Method(OURS, method.temperature).name] for run in repeat]
         step_drafts = [drafted for run in runs for drafted in run["step_drafts"]]
         steps = [step for run in runs for step in zip(run["step_drafts"], run["step_accepted"], run["step_emitted"])]
         emitted = sum(run["emitted"] for run in runs)
@@ -395,8 +400,8 @@ def analytic_model(methods: list[Method], costs: dict[str, Any], raw: Raw,
         isolated = predicted_step_speedup(emitted, step_drafts, costs["target"], draft_one)
         widths = range(1, max(costs["target"]) + 1)
         target_forwards, drafter_forwards = decode_forwards(runs, "target_widths"), decode_forwards(runs, "drafter_widths")
-        if target_forwards and drafter_forwards and decode_forwards(baseline_runs, "target_widths"):
-            one_token = calibrated_costs(decode_forwards(baseline_runs, "target_widths"), [1])[1]
+        one_token = baseline_one_token.get(method.temperature)
+        if target_forwards and drafter_forwards and one_token is not None:
             target_s = calibrated_costs(target_forwards, widths)
             drafter_s = calibrated_costs(drafter_forwards, {width for width, _ in drafter_forwards})
             per_draft = sum(drafter_s[width] for width, _ in drafter_forwards) / max(1, sum(step_drafts))
