@@ -67,9 +67,10 @@ class DrafterCommon:
 
     name: str = "model"
     gamma: int = DEFAULT_LENGTH.gamma  # drafted tokens per step (a tree's depth)
-    length: str = DEFAULT_LENGTH.length  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence
+    length: str = DEFAULT_LENGTH.length  # draft-length policy: fixed | schedule (adapts to acceptance) | confidence | gain
     max_gamma: int = DEFAULT_LENGTH.max_gamma  # schedule: the most drafts per step
     min_confidence: float = DEFAULT_LENGTH.min_confidence  # confidence: stop drafting after a draft with q below this
+    draft_cost: float = DEFAULT_LENGTH.draft_cost  # gain: one more drafted token's cost, in target forwards
 
 
 @dataclass
@@ -237,7 +238,7 @@ def method_spec(cfg: Any) -> MethodSpec:
         cfg.verifier.name,
         drafter_settings=settings,
         verifier_settings=verifier_params(cfg.verifier),
-        length=DraftLengthSettings(drafter.length, drafter.gamma, drafter.max_gamma, drafter.min_confidence),
+        length=DraftLengthSettings(drafter.length, drafter.gamma, drafter.max_gamma, drafter.min_confidence, drafter.draft_cost),
         sampling=SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k),
     )
 

@@ -44,8 +44,8 @@ GEN_KWARGS_USED = {"until", "max_gen_toks", "do_sample", "temperature", "top_p",
 @register_model("mars_bench")
 class MarsBenchLM(LM):
     """target / draft_model: Hub ids or folders; drafter: model | model_tree | layerskip | lookup | none
-    (eagle3 needs a head, which this model does not take); gamma, length, max_gamma and
-    min_confidence: the draft length, as the app's ``drafter.*`` keys; temperature and top_p: the
+    (eagle3 needs a head, which this model does not take); gamma, length, max_gamma, min_confidence
+    and draft_cost: the draft length, as the app's ``drafter.*`` keys; temperature and top_p: the
     sampling unless a task's ``gen_kwargs`` set it; any further ``model_args`` are the named
     drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights).
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from mars_bench.decoding.draft_length import DraftLength, DraftLengthSettings, draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
-from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, is_tree_drafter
+from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, drafters_with_stops, is_tree_drafter
 from mars_bench.drafting import drafter_settings as drafter_settings_class
 from mars_bench.drafting.draft_vocab import check_count_file
-from mars_bench.drafting.model import check_min_confidence
+from mars_bench.drafting.stop import DraftStop
 from mars_bench.drafting.tree import TreeShape
 from mars_bench.settings import label_items, label_values, setting_string
 from mars_bench.verification import Verifier, get_verifier
@@ -45,7 +45,7 @@ class MethodSpec:
 
     drafter: a registered drafter name (``none``: the autoregressive baseline); drafter_settings:
     its settings (an instance of ``drafter_settings(drafter)``). length: the draft-length policy
-    and its keys (gamma, max_gamma, min_confidence). verifier: a registered verifier name, None
+    and its keys (gamma, max_gamma, min_confidence, draft_cost). verifier: a registered verifier name, None
     for the baseline; verifier_settings: an instance of ``verifier_settings(verifier)``.
     sampling: temperature, top_p and top_k, shared by drafter and verifier.
     Build one from keys by name with ``MethodSpec.create`` (or ``method_spec(cfg)`` in the app).
@@ -113,19 +113,21 @@ class MethodSpec:
             return min(self.length.max_gamma, self.drafter_settings.tree_tokens - 1)
         return self.length.max_gamma
 
-    @property
-    def min_confidence(self) -> float | None:
-        """The drafter's stop threshold: ``min_confidence`` under the ``confidence`` policy, else None."""
-        return self.length.confidence_stop
+    def draft_stop(self) -> DraftStop | None:
+        """The drafter's stop rule (``DraftLengthSettings.draft_stop``; checked), None under fixed and schedule."""
+        return self.length.draft_stop()
 
     def check(self) -> None:
         """Every value that types cannot check, in one line each (called on construction)."""
         DecodeSettings(gamma=self.length.gamma)
         draft_length_policy(self.length.length, self.length.gamma, self.max_draft_depth)
+        stopping, policy = drafters_with_stops(), self.length.length
+        if self.length.draft_stop() is not None and self.drafter not in (BASELINE_DRAFTER, *stopping):
+            raise ValueError(f"drafter.length={policy} ends drafts by the drafter's own q, which drafter={self.drafter} does not "
+                             f"apply: allowed with it are fixed and schedule ({policy}: {', '.join(stopping)})")  # fmt: skip
         if self.tree:
             TreeShape(self.length.gamma, self.drafter_settings.top_k, self.drafter_settings.tree_tokens)
             check_tree_judges(self.drafter, {self.verifier: self.build_verifier()} if self.verifier else {})
-        check_min_confidence(self.min_confidence)
         if getattr(self.drafter_settings, "token_counts", None):
             check_count_file(self.drafter_settings.token_counts)
 
@@ -137,7 +139,7 @@ class MethodSpec:
     def build_drafter(self, target: Any, draft_model: Any = None, *, head: Any = None, tokenizer: Any = None) -> Any:
         """The drafter for ``target`` (None for the baseline); ``draft_model``: the separate draft model
         of ``model``/``model_tree``; ``head``: the EAGLE-3 head; ``tokenizer``: the target's."""
-        return drafter_for(self.drafter, target, draft_model, head=head, min_confidence=self.min_confidence,
+        return drafter_for(self.drafter, target, draft_model, head=head, stop=self.draft_stop(),
                            tokenizer=tokenizer, **dataclasses.asdict(self.drafter_settings))  # fmt: skip
 
     def draft_length_policy(self) -> DraftLength:

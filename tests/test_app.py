@@ -148,8 +148,8 @@ def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     result = app_process("drafter.topk=3", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, "
-        "min_confidence; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
+        "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, min_confidence, "
+        "draft_cost; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
         "model: draft_vocab guesses token_counts weights; model_tree: draft_vocab token_counts top_k tree_tokens weights"
     ]
 
@@ -191,7 +191,7 @@ def test_a_misspelt_key_or_a_mistyped_value_fails_as_the_config_composes(overrid
         (["temperature=-1"], "temperature=-1.0 is invalid"),
         (["top_p=0"], "top_p=0.0 is invalid"),
         (["model=smollm2-135m"], "drafter=model needs model.draft_model"),
-        (["drafter.length=wild"], "drafter.length='wild' is invalid: allowed are fixed, schedule, confidence"),
+        (["drafter.length=wild"], "drafter.length='wild' is invalid: allowed are fixed, schedule, confidence, gain"),
         (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are cascade, exact, "),
     ],
 )

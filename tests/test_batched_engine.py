@@ -15,6 +15,7 @@ from mars_bench import build_drafter
 from mars_bench.decoding import decode
 from mars_bench.decoding.batched import _Batch, decode_batch
 from mars_bench.drafting.model import ModelDrafter
+from mars_bench.drafting.stop import ConfidenceStop, GainStop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -43,12 +44,14 @@ def near_copy(model, scale: float = 0.03):
 
 def drafter_for(name: str | None, tiny):
     """The drafter ``name`` (``model``: a near copy of the target; ``model-confidence``: the same,
-    stopping below q 0.5), or None for the AR baseline."""
+    stopping below q 0.5; ``model-gain``: the same under a gain stop, each row learning from its own
+    verdicts), or None for the AR baseline."""
     if name is None or name == "lookup":
         return build_drafter(name) if name else None
     if name == "layerskip":
         return build_drafter("layerskip", target=tiny, layers=2)
-    return ModelDrafter(near_copy(tiny), 96, 0.5 if name == "model-confidence" else None)
+    stops = {"model-confidence": ConfidenceStop(0.5), "model-gain": GainStop(0.4)}
+    return ModelDrafter(near_copy(tiny), 96, stops.get(name))
 
 
 SLOW = pytest.mark.slow  # a draft model's forwards: 1 to 2.5 s each on the 2-core machine
@@ -60,6 +63,7 @@ SLOW = pytest.mark.slow  # a draft model's forwards: 1 to 2.5 s each on the 2-co
     pytest.param("model", "exact", 0.0, marks=SLOW), pytest.param("model", "rejection", 1.0, marks=SLOW),
     pytest.param("model-confidence", "exact", 0.0, marks=SLOW),
     pytest.param("model-confidence", "rejection", 1.0, marks=SLOW), pytest.param("model-confidence", "mars", 0.7, marks=SLOW),
+    pytest.param("model-gain", "rejection", 1.0, marks=SLOW),
 ])  # fmt: skip
 def test_a_batch_decodes_each_prompt_as_decode_does_alone(tiny, drafter, verifier, temperature):
     prompts = [*mixed_prompts(), [5]]  # a one-token prompt too: nothing for the draft model to prefill
@@ -73,7 +77,7 @@ def test_a_batch_decodes_each_prompt_as_decode_does_alone(tiny, drafter, verifie
     if drafter and drafter != "lookup":  # drafts were kept and rejected, and stopped early with confidence
         steps = [step for result in together for step in result.steps]
         assert 0 < sum(step.accepted for step in steps) < sum(step.drafted for step in steps)
-        if drafter == "model-confidence":
+        if drafter in ("model-confidence", "model-gain"):
             assert any(0 < step.drafted < 4 for step in steps)
 
 

@@ -12,6 +12,7 @@ from mars_bench.decoding.engine import decode
 from mars_bench.drafting.layerskip import truncated_model
 from mars_bench.drafting.lookup import lookup_continuation
 from mars_bench.drafting.model import ModelDrafter, ModelSettings
+from mars_bench.drafting.stop import ConfidenceStop, GainStop
 from mars_bench.models import stop_token_ids
 from mars_bench.perf.suite import first_turn_prompts
 
@@ -20,8 +21,10 @@ NEW_TOKENS = 32
 
 def counted_drafts(smollm, guesses: int, temperature: float) -> tuple[list, list, int]:
     """(outputs, each step's (drafted, accepted), drafter forwards) on a HumanEval prompt, drafted by
-    SmolLM2's first 20 of 30 layers with a confidence stop (so drafts are kept, rejected and cut short)."""
-    drafter = ModelDrafter(truncated_model(smollm.model, 20), smollm.model.config.vocab_size, min_confidence=0.4,
+    SmolLM2's first 20 of 30 layers with a stop rule (so drafts are kept, rejected and cut short): greedy a
+    confidence stop, sampling a gain stop (which learns from the verdicts, so its stops depend on them too)."""
+    stop = ConfidenceStop(0.4) if temperature == 0 else GainStop(0.15)
+    drafter = ModelDrafter(truncated_model(smollm.model, 20), smollm.model.config.vocab_size, stop=stop,
                            settings=ModelSettings(guesses=guesses))  # fmt: skip
     prompts = first_turn_prompts(smollm.tokenizer, "humaneval", 1)
     forwards = []

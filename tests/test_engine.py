@@ -19,6 +19,7 @@ from mars_bench.drafting import (
     drafters_without_model,
     is_tree_drafter,
 )
+from mars_bench.drafting.stop import ConfidenceStop, GainStop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
 
@@ -162,8 +163,10 @@ def test_shadow_verifiers_judge_the_same_drafts_without_changing_the_output(targ
 def test_adaptive_draft_lengths_stay_lossless_and_vary_the_drafts(target):
     reference = decode(target, None, None, PROMPTS[1], max_new_tokens=40)
     close = perturbed_copy(target, scale=0.1)
-    confident = build_drafter("model", model=close, min_confidence=0.1)
-    for drafter, policy in ((build_drafter("model", model=close), AcceptanceSchedule(3, maximum=6)), (confident, None)):
+    confident = build_drafter("model", model=close, stop=ConfidenceStop(0.1))
+    gaining = build_drafter("model", model=close, stop=GainStop(0.3))
+    scheduled = (build_drafter("model", model=close), AcceptanceSchedule(3, maximum=6))
+    for drafter, policy in (scheduled, (confident, None), (gaining, None)):
         result = decode(target, drafter, "exact", PROMPTS[1], max_new_tokens=40, gamma=6, draft_length=policy)
         assert result.tokens == reference.tokens
         assert len({step.drafted for step in result.steps[:-1]}) > 1  # the length changed from step to step
@@ -176,10 +179,10 @@ def test_the_acceptance_schedule_grows_on_full_acceptance_and_shrinks_on_a_rejec
         schedule.observe(drafted, accepted)
         lengths.append(schedule.next())
     assert lengths == [4, 4, 4, 3, 2, 1, 1, 1]
-    with pytest.raises(ValueError, match="drafter.length='wild' is invalid: allowed are fixed, schedule, confidence"):
+    with pytest.raises(ValueError, match="drafter.length='wild' is invalid: allowed are fixed, schedule, confidence, gain"):
         draft_length_policy("wild", 5)
     with pytest.raises(ValueError, match="min_confidence=1.5 is invalid"):
-        build_drafter("model", model=target_stub(), min_confidence=1.5)
+        build_drafter("model", model=target_stub(), stop=ConfidenceStop(1.5))
 
 
 def target_stub():

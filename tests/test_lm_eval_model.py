@@ -11,6 +11,7 @@ import pytest
 
 from mars_bench import lm_eval_model
 from mars_bench.decoding import decode
+from mars_bench.drafting.stop import ConfidenceStop, GainStop
 from mars_bench.lm_eval_model import MarsBenchLM, request_sampling
 from mars_bench.tasks.questions import Question
 from mars_bench.verification.sampling import SamplingParams
@@ -25,7 +26,8 @@ SAMPLED_TOKENS = 8  # the sea poem's greedy and sampled answers differ from the 
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ({"length": "adaptive"}, "drafter.length='adaptive' is invalid: allowed are fixed, schedule, confidence"),
+    ({"length": "adaptive"}, "drafter.length='adaptive' is invalid: allowed are fixed, schedule, confidence, gain"),
+    ({"length": "gain", "draft_cost": 0}, "drafter.draft_cost=0 is invalid: allowed is a number > 0"),
     ({"length": "schedule", "max_gamma": 3}, "drafter.max_gamma=3 is invalid: allowed is an integer >= gamma (5)"),
     ({"length": "confidence", "min_confidence": 1.5}, "drafter.min_confidence=1.5 is invalid: allowed is a number in (0, 1)"),
 ])  # fmt: skip
@@ -58,9 +60,9 @@ def test_each_draft_length_keeps_the_targets_greedy_decode(session_smollm):
     plain = MarsBenchLM(target=SMOLLM, drafter="none", verifier="exact", dtype="float32")
     context = plain.apply_chat_template([{"role": "user", "content": "Count from one to twenty in words."}])
     expected = plain.generate(context, GREEDY)
-    for length, min_confidence in (("confidence", 0.4), ("schedule", None), ("fixed", None)):
+    for length, stop in (("confidence", ConfidenceStop(0.4)), ("gain", GainStop(0.15)), ("schedule", None), ("fixed", None)):
         lm = MarsBenchLM(target=SMOLLM, drafter="layerskip", verifier="exact", dtype="float32", layers=24, length=length)
-        assert lm.drafter.min_confidence == min_confidence
+        assert lm.drafter.stop_rule == stop
         assert (lm.spec.length.length, lm.spec.length.gamma, lm.spec.max_draft_depth) == (length, 5, 16)
         assert lm.generate(context, GREEDY) == expected, length
 

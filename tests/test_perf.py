@@ -4,18 +4,23 @@ numbers docs/performance.md gives, not asserted here.)"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import SHARED_DATA, python_m, tiny_model
 
+import mars_bench.perf.suite as suite_module
 from mars_bench.decoding import decode
+from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.drafting import drafter_for
 from mars_bench.perf.__main__ import main as perf_main
 from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.costs import ForwardTimer, calibrated_costs, capped_step_speedups, predicted_step_speedup
+from mars_bench.perf.report import header as report_header
 from mars_bench.perf.report import main as report_main
-from mars_bench.perf.report import predicted_decode_tok_s, task_ratios
-from mars_bench.perf.suite import DraftConfig
+from mars_bench.perf.report import policy_keys, predicted_decode_tok_s, task_ratios
+from mars_bench.perf.suite import DraftConfig, PerfSettings, first_turn_prompts, task_prompts
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -41,6 +46,8 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--configs", "fixed:none:int4:2:x"], "--configs fixed:none:int4:2:x is invalid: allowed as guesses are integers >= 0"),
     (["--peers", "vllm"], "--peers vllm is invalid: allowed are generate, assisted, assisted-like"),
     (["--min-confidence", "1.5"], "drafter.min_confidence=1.5 is invalid: allowed is a number in (0, 1)"),
+    (["--draft-cost", "0"], "drafter.draft_cost=0.0 is invalid: allowed is a number > 0"),
+    (["--configs", "schedule", "--gamma", "20"], "drafter.max_gamma=16 is invalid: allowed is an integer >= gamma (20)"),
 ])  # fmt: skip
 def test_configurations_given_one_by_one_are_checked_before_anything_loads(options, error, tmp_path, capsys):
     assert perf_main([*options, "--out", str(tmp_path / "out")]) == 2
@@ -60,8 +67,35 @@ def test_configurations_given_one_by_one_replace_every_length_with_every_vocabul
     guessing, _ = perf_options(["--configs", "confidence:32768:int4:3", "confidence:32768:none:3"])
     assert guessing.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
     assert guessing.configs()[0].name == "confidence + vocab 32768 + int4 weights + 3 guesses"
+    gaining, _ = perf_options(["--configs", "gain:32768:int4:3", "schedule", "--draft-cost", "0.2", "--gamma", "8",
+                               "--max-gamma", "24"])  # fmt: skip
+    assert [gaining.spec(config, 0.0).length for config in gaining.configs()] == [
+        DraftLengthSettings("gain", 8, 24, DEFAULT_LENGTH.min_confidence, 0.2),
+        DraftLengthSettings("schedule", 8, 24, DEFAULT_LENGTH.min_confidence, 0.2)]  # fmt: skip
     product, _ = perf_options(["--draft-length", "fixed", "confidence", "--draft-vocab", "none", "32768"])
     assert len(product.configs()) == 4 and set(settings.configs()) < set(product.configs())
+
+
+def test_skipped_prompts_are_each_tasks_first_and_the_report_names_the_range(monkeypatch):
+    monkeypatch.setattr(suite_module, "chat_prompt_ids", lambda tokenizer, turns, system: turns[0])  # the question text
+    settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, tasks=("gsm8k", "mt_bench"), num_prompts=2, skip_prompts=3,
+                            data_dir=str(SHARED_DATA))  # fmt: skip
+    unseen = task_prompts(None, settings)
+    first = {task: first_turn_prompts(None, task, 5, str(SHARED_DATA)) for task in settings.tasks}
+    assert unseen == [(task, text) for task in settings.tasks for text in first[task][3:5]]
+    with pytest.raises(ValueError, match="--skip-prompts=-1 is invalid: allowed is an integer >= 0"):
+        perf_options(["--skip-prompts", "-1"])
+    result = {"settings": {**dataclasses.asdict(settings), "configurations": [{"length": "gain", "vocab": None}]}, "prompts": 4,
+              "repeats_done": 2, "peer_loading": "from_pretrained", "assisted_generation": {}}  # fmt: skip
+    assert "4 prompts (gsm8k, mt_bench; each task's prompts 4 to 5)" in report_header(result)
+
+
+def test_the_report_header_names_the_keys_its_draft_length_policies_read():
+    keys = {"max_gamma": 24, "min_confidence": 0.6, "draft_cost": 0.15}
+    gain_and_fixed = {**keys, "configurations": [{"length": "gain"}, {"length": "fixed"}], "draft_lengths": []}
+    assert policy_keys(gain_and_fixed) == ", draft cost 0.15 target forwards"
+    assert policy_keys({**keys, "draft_lengths": ["schedule", "confidence"]}) == ", max gamma 24, stop at q < 0.6"
+    assert policy_keys({"draft_lengths": ["confidence"]}) == ""  # a report written before the keys were recorded
 
 
 def two_task_report(**extra):

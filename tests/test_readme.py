@@ -48,6 +48,7 @@ from mars_bench.config import (
     shadow_verifiers,
     verifier_params,
 )
+from mars_bench.drafting.stop import GainStop
 from mars_bench.paths import CONF_DIR
 from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.report import header as perf_header
@@ -567,8 +568,12 @@ def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperat
     assert [config.drafter_key for config in settings.configs()] == ["32768:int4"]  # the quantized drafter's own forward cost
 
 
+LIKE = "python -m mars_bench.perf --tasks humaneval gsm8k mt_bench --num-prompts 10 --repeats 2 --gamma 20 --min-confidence 0.6"
+LIKE_T0 = LIKE + " --configs confidence:32768:int4:3 confidence"  # the greedy protocol (both configurations)
+
+
 def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter_against_the_same_weights_assistant():
-    settings, out = perf_settings("python -m mars_bench.perf --tasks humaneval gsm8k mt_bench")
+    settings, out = perf_settings(LIKE_T0)
     assert settings.tasks == ("humaneval", "gsm8k", "mt_bench") and settings.num_prompts == 10 and settings.repeats == 2
     assert (settings.gamma, settings.min_confidence, settings.temperatures) == (20, 0.6, (0.0,))
     assert settings.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
@@ -580,6 +585,27 @@ def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter
     tuned = run_config().drafter  # the protocol's configuration is the embedded pair's default
     assert (tuned.length, tuned.gamma, tuned.min_confidence, tuned.draft_vocab, tuned.weights, tuned.guesses) == (
         "confidence", settings.gamma, settings.min_confidence, 32768, "int4", 3)  # fmt: skip
+
+
+def test_the_like_for_like_temperature_1_run_times_the_default_against_the_same_int4_assistant():
+    settings, out = perf_settings(LIKE + " --configs confidence:32768:int4:3 --temperatures 1")
+    greedy, _ = perf_settings(LIKE_T0)
+    assert settings == replace(greedy, temperatures=(1.0,), configurations=greedy.configurations[:1])
+    assert out == Path("perf_like_t1")
+    assert {method.name for method in methods_for(settings)} == {
+        "T=1 ours AR baseline", "T=1 transformers assisted generation, int4 assistant",
+        "T=1 ours chain rejection, confidence + vocab 32768 + int4 weights + 3 guesses"}  # fmt: skip
+
+
+def test_the_unseen_prompts_run_times_each_tasks_next_ten_prompts_with_the_default_and_the_gain_stop():
+    settings, out = perf_settings("python -m mars_bench.perf --tasks humaneval gsm8k mt_bench --num-prompts 10 --skip-prompts 10")
+    assert (settings.num_prompts, settings.skip_prompts, settings.repeats, settings.draft_cost) == (10, 10, 1, 0.17)
+    default, gain = settings.configs()
+    assert default == DraftConfig("confidence", 32768, "int4", 3) and gain == replace(default, length="gain")
+    assert settings.spec(gain, 0.0).draft_stop() == GainStop(0.17) and out == Path("perf_unseen_t0")
+    greedy, _ = perf_settings(LIKE_T0)
+    same_else = {"skip_prompts": 0, "repeats": 2, "draft_cost": greedy.draft_cost, "configurations": greedy.configurations}
+    assert replace(settings, **same_else) == greedy  # the protocol's settings otherwise
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():

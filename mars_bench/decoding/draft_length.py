@@ -2,16 +2,19 @@
 
 ``fixed`` always asks for gamma. ``schedule`` adapts to recent acceptance: one more after a
 step that kept every draft, one fewer after a step that rejected one (between ``minimum``
-and ``maximum``). A confidence stop (drafting ends once the drafter's own probability of its
-token falls below a threshold) lives in the drafter (``ModelDrafter(min_confidence=...)``),
-since only the drafter sees that probability while it drafts.
+and ``maximum``). ``confidence`` and ``gain`` ask for gamma too, and the drafter may end the draft
+early by a stop rule (``drafting/stop.py``: a threshold on the drafter's own probability of its
+token, or the expected gain of one more draft against its cost), since only the drafter sees
+those probabilities while it drafts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-LENGTH_POLICIES = ("fixed", "schedule", "confidence")
+from mars_bench.drafting.stop import ConfidenceStop, DraftStop, GainStop
+
+LENGTH_POLICIES = ("fixed", "schedule", "confidence", "gain")
 
 
 @dataclass(frozen=True)
@@ -19,21 +22,26 @@ class DraftLengthSettings:
     """How many drafts a step asks for: the one home of these keys' defaults (the app's ``drafter.*``
     keys, the perf suite and the lm-eval model take them from here).
 
-    length: the policy, fixed | schedule | confidence. gamma: drafts per step (a tree's depth); under
-    ``schedule`` the first step's, adapted between 1 and ``max_gamma``. min_confidence: under
-    ``confidence``, the drafter ends a draft after a token it gives q below this.
+    length: the policy, fixed | schedule | confidence | gain. gamma: drafts per step (a tree's depth);
+    under ``schedule`` the first step's, adapted between 1 and ``max_gamma``. min_confidence: under
+    ``confidence``, the drafter ends a draft after a token it gives q below this. draft_cost: under
+    ``gain``, one more drafted token's cost in target forwards (``GainStop``).
     """
 
     length: str = "fixed"
     gamma: int = 5
     max_gamma: int = 16
     min_confidence: float = 0.4
+    draft_cost: float = 0.15
 
-    @property
-    def confidence_stop(self) -> float | None:
-        """The draft probability q below which the drafter ends a draft: ``min_confidence`` under the
-        ``confidence`` policy, None (never) under the others."""
-        return self.min_confidence if self.length == "confidence" else None
+    def draft_stop(self) -> DraftStop | None:
+        """The drafter's stop rule: ``ConfidenceStop`` under ``confidence``, ``GainStop`` under ``gain``,
+        None (draft to the step's maximum) under the others."""
+        if self.length == "confidence":
+            return ConfidenceStop(self.min_confidence)
+        if self.length == "gain":
+            return GainStop(self.draft_cost)
+        return None
 
 
 DEFAULT_LENGTH = DraftLengthSettings()
@@ -75,7 +83,7 @@ class AcceptanceSchedule(DraftLength):
 
 
 def draft_length_policy(name: str, gamma: int, maximum: int = DEFAULT_LENGTH.max_gamma) -> DraftLength:
-    """A fresh policy for one sequence. ``confidence`` drafts up to gamma per step; the drafter stops early."""
+    """A fresh policy for one sequence. ``confidence`` and ``gain`` draft up to gamma per step; the drafter stops early."""
     if name not in LENGTH_POLICIES:
         raise ValueError(f"drafter.length={name!r} is invalid: allowed are {', '.join(LENGTH_POLICIES)}")
     if name == "schedule":

@@ -2,7 +2,7 @@
 
 Each drafter registers its factory and its settings dataclass (``drafting/base.py``); the
 registry answers what a drafter takes and needs: ``drafter_settings``, ``drafter_needs_model``,
-``is_tree_drafter``.
+``is_tree_drafter``, ``drafters_with_stops``.
 """
 
 from mars_bench.drafting import eagle3, layerskip, lookup, model  # noqa: F401  (registration)
@@ -18,6 +18,7 @@ from mars_bench.drafting.base import (
     drafter_for,
     drafter_needs_model,
     drafter_settings,
+    drafters_with_stops,
     drafters_without_model,
     is_tree_drafter,
     register_drafter,
@@ -35,6 +36,7 @@ __all__ = [
     "drafter_for",
     "drafter_needs_model",
     "drafter_settings",
+    "drafters_with_stops",
     "drafters_without_model",
     "is_tree_drafter",
     "register_drafter",

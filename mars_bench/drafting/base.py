@@ -3,7 +3,7 @@
 Each drafter declares its settings once, as a frozen dataclass (field defaults = the drafter's
 defaults, ranges checked in ``__post_init__``), and registers a factory under its name with
 ``register_drafter``. What a drafter is built from besides its settings (the loaded models,
-the device, the EAGLE-3 head source, a confidence threshold set by the draft-length policy)
+the device, the EAGLE-3 head source, the stop rule set by the draft-length policy)
 is its ``DrafterContext``: never a setting.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mars_bench.drafting.stop import DraftStop
 from mars_bench.placement import input_device
 from mars_bench.settings import check_settings_class, label_values, settings_from
 from mars_bench.verification.sampling import SamplingParams
@@ -62,9 +63,9 @@ class DrafterContext:
     embeddings and device). model: the separate draft model (model, model_tree). vocab_size:
     the target's logits width (drafter distributions are fitted to it). device: where drafts
     go when the drafter has no model to say so (lookup; default CPU). head: the EAGLE-3 head,
-    a folder or Hub id (``model.eagle3_head``) or a loaded ``Eagle3Head``. min_confidence:
-    stop drafting after a token with q below it; set only under ``drafter.length=confidence``
-    and read by the drafters that have a q to compare (model, layerskip). tokenizer: the
+    a folder or Hub id (``model.eagle3_head``) or a loaded ``Eagle3Head``. stop: the rule that
+    may end a draft early (``drafting/stop.py``); set only under ``drafter.length=confidence`` or
+    ``gain`` and read by the drafters that have a q to judge (model, layerskip). tokenizer: the
     target's, for the model drafters' built-in token count (``drafter.draft_vocab``).
     """
 
@@ -73,7 +74,7 @@ class DrafterContext:
     vocab_size: int | None = None
     device: torch.device | str | None = None
     head: Any = None
-    min_confidence: float | None = None
+    stop: DraftStop | None = None
     tokenizer: Any = None
 
 
@@ -134,27 +135,29 @@ DrafterFactory = Callable[[Any, DrafterContext], "Drafter | None"]
 @dataclass(frozen=True)
 class DrafterSpec:
     """A registered drafter: its factory(settings, context), its settings class, whether it
-    needs a separate draft model (``model.draft_model``) and whether it drafts trees."""
+    needs a separate draft model (``model.draft_model``), whether it drafts trees and whether it
+    applies a stop rule (``DrafterContext.stop``)."""
 
     name: str
     factory: DrafterFactory
     settings: type
     needs_draft_model: bool = False
     tree: bool = False
+    stops: bool = False
 
 
 _REGISTRY: dict[str, DrafterSpec] = {}
 
 
 def register_drafter(
-    name: str, settings: type = NoSettings, needs_draft_model: bool = False, tree: bool = False
+    name: str, settings: type = NoSettings, needs_draft_model: bool = False, tree: bool = False, stops: bool = False
 ) -> Callable[[DrafterFactory], DrafterFactory]:
     """Register ``factory(settings, context) -> Drafter`` as the drafter ``name``; ``settings``
-    is its frozen settings dataclass."""
+    is its frozen settings dataclass; ``stops``: it applies ``DrafterContext.stop``."""
     check_settings_class("drafter", name, settings)
 
     def wrap(factory: DrafterFactory) -> DrafterFactory:
-        _REGISTRY[name] = DrafterSpec(name, factory, settings, needs_draft_model, tree)
+        _REGISTRY[name] = DrafterSpec(name, factory, settings, needs_draft_model, tree, stops)
         return factory
 
     return wrap
@@ -191,6 +194,11 @@ def drafter_needs_model(name: str) -> bool:
     return drafter_spec(name).needs_draft_model
 
 
+def drafters_with_stops() -> list[str]:
+    """The drafters that apply a stop rule (``drafter.length=confidence`` or ``gain``)."""
+    return [name for name in available_drafters() if drafter_spec(name).stops]
+
+
 def drafters_without_model() -> str:
     """The drafters that need no separate draft model, as an error message lists them."""
     return ", ".join(name for name in available_drafters() if not drafter_needs_model(name))
@@ -214,14 +222,14 @@ def build_drafter(
     vocab_size: int | None = None,
     device: torch.device | str | None = None,
     head: Any = None,
-    min_confidence: float | None = None,
+    stop: DraftStop | None = None,
     tokenizer: Any = None,
     **settings: object,
 ) -> Drafter | None:
     """The drafter registered as ``name`` (``none`` gives None: plain autoregressive decoding),
     built from its context (see ``DrafterContext``) and its ``settings`` by name."""
     spec = drafter_spec(name)
-    context = DrafterContext(target, model, vocab_size, device, head, min_confidence, tokenizer)
+    context = DrafterContext(target, model, vocab_size, device, head, stop, tokenizer)
     return spec.factory(build_settings(name, **settings), context)
 
 
@@ -231,7 +239,7 @@ def drafter_for(
     draft_model: Any = None,
     *,
     head: Any = None,
-    min_confidence: float | None = None,
+    stop: DraftStop | None = None,
     tokenizer: Any = None,
     **settings: object,
 ) -> Drafter | None:
@@ -245,7 +253,7 @@ def drafter_for(
         vocab_size=target.config.vocab_size,
         device=input_device(target),
         head=head,
-        min_confidence=min_confidence,
+        stop=stop,
         tokenizer=tokenizer,
         **settings,
     )

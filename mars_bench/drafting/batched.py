@@ -60,8 +60,8 @@ class RowDrafts:
 
 class BatchedModelDrafts(RowDrafts):
     """``model`` or ``layerskip`` drafting B rows at once, with the one-sequence drafter's model, vocabulary fit and
-    confidence stop (``ModelDrafter``): each row's drafts are those it drafts alone, up to the
-    numerics of a batched matmul.
+    stop rule (``ModelDrafter``; each row its own, fresh per prompt): each row's drafts are those it drafts
+    alone, up to the numerics of a batched matmul.
 
     As alone, a row's cache holds its committed tokens but the newest, plus its fed drafts; a
     draft position its verdict rejects is masked for that row (the batched engine's scheme), and the
@@ -79,12 +79,17 @@ class BatchedModelDrafts(RowDrafts):
         self.context_lengths: list[int] = []  # per row: its context's length at the last proposal
         self.draft_columns: list[list[int]] = []  # per row: the cache columns its fed drafts went to
         self.fed: list[bool] = []  # per row: whether the last proposal fed it (it had drafts to make)
+        self.stops: list[Any] = []  # per row: its stop rule (None: none), learning from its own verdicts
+        self.draft_q: list[list[float]] = []  # per row: the last proposal's q, for its stop rule's verdict
         self.feed_end = 0  # the cache's width after the last proposal's first forward
 
     def begin(self, prompts: Sequence[torch.Tensor]) -> None:
         """Every prompt but its last token, left-padded, in one forward (the last is fed with the first draft)."""
         self.valid = [len(prompt) - 1 for prompt in prompts]
         self.context_lengths, self.fed, self.draft_columns = list(self.valid), [False] * len(prompts), [[] for _ in prompts]
+        rule = self.drafter.stop_rule
+        self.stops = [None if rule is None else rule.fresh() for _ in prompts]
+        self.draft_q = [[] for _ in prompts]
         self.attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)
         if max(self.valid) > 0:
             tokens, fed = padded_rows([prompt[:-1] for prompt in prompts], left=True, device=self.device)
@@ -92,7 +97,7 @@ class BatchedModelDrafts(RowDrafts):
 
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
-        """Every row's drafts, on the device. Under a confidence stop the host reads every row's q once per
+        """Every row's drafts, on the device. Under a stop rule the host reads every row's q once per
         draft position (the stop is a host decision); else it reads nothing: the engine learns the kept
         tokens with the verdicts. Never once per row, so a step's host syncs do not grow with B."""
         rows = len(contexts)
@@ -110,16 +115,18 @@ class BatchedModelDrafts(RowDrafts):
                 chosen = torch.tensor(active, device=self.device)
                 token = token.index_copy(0, chosen, streams.sample(probs.index_select(0, chosen), (1,) * len(active)))
             q = probs.gather(-1, token[:, None])[:, 0]
-            confident = [True] * rows
-            if self.drafter.min_confidence is not None:
-                confident = [value >= self.drafter.min_confidence for value in q.tolist()]  # one host read per position
+            host_q = q.tolist() if self.drafter.stop_rule is not None else []  # one host read per position
             for index in range(rows):
                 if drafting[index]:
                     tokens_per_row[index].append(token[index : index + 1])
                     probs_per_row[index].append(q[index : index + 1])
                     if not sampling.greedy:
                         dists_per_row[index].append(probs[index : index + 1])
-                    drafting[index] = depth + 1 < limits[index] and confident[index]
+                    go_on = True
+                    if self.stops[index] is not None:
+                        self.draft_q[index].append(host_q[index])
+                        go_on = self.stops[index].keep_drafting(self.draft_q[index])
+                    drafting[index] = depth + 1 < limits[index] and go_on
             if not any(drafting):
                 break
             column = self.attended.shape[1]
@@ -146,6 +153,7 @@ class BatchedModelDrafts(RowDrafts):
         self.feed_end, self.fed = self.attended.shape[1], [limit > 0 for limit in limits]
         self.context_lengths = [len(context) for context in contexts]
         self.draft_columns = [[] for _ in contexts]
+        self.draft_q = [[] for _ in contexts]
         last = torch.tensor([max(len(feed) - 1, 0) for feed in feeds], device=self.device)
         return logits[torch.arange(len(contexts), device=self.device), last]
 
@@ -155,6 +163,9 @@ class BatchedModelDrafts(RowDrafts):
         forget = torch.zeros_like(self.attended)
         needed = self.feed_end
         for index, (count, columns) in enumerate(zip(accepted, self.draft_columns)):
+            if self.stops[index] is not None:
+                self.stops[index].verdict(self.draft_q[index], count)
+                self.draft_q[index] = []
             if self.fed[index]:
                 self.valid[index] = self.context_lengths[index] + min(count, len(columns))
             forget[index, columns[count:]] = True
@@ -167,6 +178,8 @@ class BatchedModelDrafts(RowDrafts):
         self.context_lengths = [self.context_lengths[row] for row in rows]
         self.draft_columns = [self.draft_columns[row] for row in rows]
         self.fed = [self.fed[row] for row in rows]
+        self.stops = [self.stops[row] for row in rows]
+        self.draft_q = [self.draft_q[row] for row in rows]
 
 
 def batch_drafter(drafter: Drafter | None) -> RowDrafts:

@@ -18,6 +18,7 @@ import torch
 
 from mars_bench.drafting.base import DrafterContext, register_drafter
 from mars_bench.drafting.model import ModelDrafter
+from mars_bench.drafting.stop import DraftStop
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,14 @@ class LayerSkipDrafter(ModelDrafter):
 
     name = "layerskip"
 
-    def __init__(self, target: Any, settings: LayerSkipSettings, min_confidence: float | None = None) -> None:
+    def __init__(self, target: Any, settings: LayerSkipSettings, stop: DraftStop | None = None) -> None:
         layers = settings.layers if settings.layers is not None else max(1, target.config.num_hidden_layers // 4)
-        super().__init__(truncated_model(target, layers), vocab_size=target.config.vocab_size, min_confidence=min_confidence)
+        super().__init__(truncated_model(target, layers), vocab_size=target.config.vocab_size, stop=stop)
         self.settings = LayerSkipSettings(layers)
 
 
-@register_drafter("layerskip", settings=LayerSkipSettings)
+@register_drafter("layerskip", settings=LayerSkipSettings, stops=True)
 def layerskip_drafter(settings: LayerSkipSettings, context: DrafterContext) -> LayerSkipDrafter:
     if context.target is None:
         raise ValueError("drafter 'layerskip' needs target=the target model: allowed is a drafter built for a target")
-    return LayerSkipDrafter(context.target, settings, context.min_confidence)
+    return LayerSkipDrafter(context.target, settings, context.stop)

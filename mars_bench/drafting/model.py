@@ -12,6 +12,7 @@ from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_wi
 from mars_bench.drafting.draft_vocab import DraftVocabSettings, reduced_draft_model
 from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model
 from mars_bench.drafting.lookup import lookup_continuation
+from mars_bench.drafting.stop import DraftStop
 from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
 from mars_bench.kvcache import cached_forward, cached_logits, crop_to
 from mars_bench.placement import input_device
@@ -21,32 +22,25 @@ from mars_bench.verification.sampling import SamplingParams, probabilities, proc
 GUESS_NGRAMS = (2, 3)  # the n-gram lengths (shortest, longest) whose earlier continuation the drafter's guesses copy
 
 
-def check_min_confidence(value: float | None) -> None:
-    """A ``min_confidence`` is None or a probability in (0, 1)."""
-    if value is not None and not 0 < value < 1:
-        raise ValueError(f"drafter.min_confidence={value} is invalid: allowed is a number in (0, 1) or null")
-
-
 class ModelDrafter(Drafter):
     """Drafts autoregressively with ``model`` (any causal LM sharing the target's vocabulary).
 
     The cache holds the committed context plus the drafter's own unverified drafts; after a
     verdict it is cropped back to the tokens that were kept, so no token is fed twice.
     ``vocab_size``: the target's logits width; drafter distributions are padded or cut to it.
-    ``min_confidence``: stop drafting after a token whose draft probability q is below it
-    (None: always draft ``max_drafts``). Costs one host sync per drafted token.
+    ``stop``: the rule that may end a draft before ``max_drafts`` (``drafting/stop.py``; None:
+    always draft ``max_drafts``), fresh for each sequence. Costs one host sync per drafted token.
     """
 
     name = "model"
 
-    def __init__(
-        self, model: Any, vocab_size: int | None = None, min_confidence: float | None = None, settings: Any = None
-    ) -> None:
-        check_min_confidence(min_confidence)
+    def __init__(self, model: Any, vocab_size: int | None = None, stop: DraftStop | None = None, settings: Any = None) -> None:
         self.settings = settings if settings is not None else ModelSettings()
         self.model = model
         self.vocab_size = vocab_size
-        self.min_confidence = min_confidence
+        self.stop_rule = stop
+        self.stop = stop.fresh() if stop is not None else None  # this sequence's (learns from its verdicts)
+        self.draft_q: list[float] = []  # the last proposal's q, for the stop rule's verdict
         self.cache: DynamicCache | None = None
         self.cached_valid = 0  # leading cache positions that hold committed tokens
         self.cached_total = 0
@@ -58,6 +52,8 @@ class ModelDrafter(Drafter):
         return input_device(self.model)
 
     def begin(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        self.stop = self.stop_rule.fresh() if self.stop_rule is not None else None
+        self.draft_q = []
         self.cache = DynamicCache(config=self.model.config)
         self.cached_valid = self.cached_total = 0
         if prompt_ids.numel() > 1:  # the last prompt token is fed with the first draft step
@@ -98,6 +94,7 @@ class ModelDrafter(Drafter):
         guesses = getattr(self.settings, "guesses", 0)
         history = context.cpu().tolist() if guesses else []  # what prompt lookup searches: context, then drafts
         tokens, token_probs, dists = [], [], []
+        self.draft_q = []
         while len(tokens) < max_drafts:
             guessed = self._guess(history, min(guesses, max_drafts - len(tokens) - 1))
             cached_before = self.cached_total + int(feed.shape[0])
@@ -115,7 +112,9 @@ class ModelDrafter(Drafter):
                 if not sampling.greedy:
                     dists.append(probs[row : row + 1])
                 produced += 1
-                stop = self.min_confidence is not None and float(token_probs[-1]) < self.min_confidence
+                if self.stop is not None:
+                    self.draft_q.append(float(token_probs[-1]))
+                stop = self.stop is not None and not self.stop.keep_drafting(self.draft_q)
                 if stop or row == guessed.shape[0] or int(token) != int(guessed[row]):
                     break
             # The cache holds every guess fed; keep only the confirmed ones (the newest draft is not fed yet).
@@ -151,6 +150,9 @@ class ModelDrafter(Drafter):
             self.cached_total = length
 
     def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
+        if self.stop is not None:
+            self.stop.verdict(self.draft_q, len(path))
+            self.draft_q = []
         # The last drafted token was never fed, so at most drafted - 1 drafts are cached.
         self.cached_valid = self.last_context_len + max(0, min(len(path), self.last_drafted - 1))
 
@@ -235,11 +237,11 @@ def drafting_model(settings: ModelSettings | ModelTreeSettings, context: Drafter
     return quantized_draft_model(reduced_draft_model(context.model, settings, width, context.tokenizer), settings.weights)
 
 
-@register_drafter("model", settings=ModelSettings, needs_draft_model=True)
+@register_drafter("model", settings=ModelSettings, needs_draft_model=True, stops=True)
 def model_drafter(settings: ModelSettings, context: DrafterContext) -> ModelDrafter:
     if context.model is None:
         raise ValueError(f"drafter 'model' needs a separate draft model: the drafters without one are {drafters_without_model()}")
-    return ModelDrafter(drafting_model(settings, context), context.vocab_size, context.min_confidence, settings)
+    return ModelDrafter(drafting_model(settings, context), context.vocab_size, context.stop, settings)
 
 
 @register_drafter("model_tree", settings=ModelTreeSettings, needs_draft_model=True, tree=True)

@@ -38,7 +38,12 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     parser.add_argument("--target", default=None, help="override the option's target (Hub id or folder)")
     parser.add_argument("--draft-model", default=None, help="override the option's draft model")
     parser.add_argument("--tasks", nargs="+", default=list(PerfSettings.tasks))
-    parser.add_argument("--num-prompts", type=int, default=PerfSettings.num_prompts, help="the first N prompts of each task")
+    parser.add_argument(
+        "--num-prompts", type=int, default=PerfSettings.num_prompts, help="N prompts of each task (after --skip-prompts)"
+    )
+    parser.add_argument(
+        "--skip-prompts", type=int, default=PerfSettings.skip_prompts, help="leave out each task's first N prompts (default 0)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=PerfSettings.max_new_tokens)
     parser.add_argument("--repeats", type=int, default=PerfSettings.repeats)
     parser.add_argument("--gamma", type=int, default=PerfSettings.gamma)
@@ -47,6 +52,15 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
         type=float,
         default=PerfSettings.min_confidence,
         help="the confidence policy's stop: end a draft after a token the drafter gives q below this",
+    )
+    parser.add_argument(
+        "--draft-cost",
+        type=float,
+        default=PerfSettings.draft_cost,
+        help="the gain policy's cost of one more drafted token, in target forwards (drafter forward / target forward)",
+    )
+    parser.add_argument(
+        "--max-gamma", type=int, default=PerfSettings.max_gamma, help="the schedule policy's longest draft"
     )
     parser.add_argument(
         "--peers",
@@ -94,8 +108,9 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
         raise ValueError(f"--model {args.model!r} has no draft_model: the suite compares draft-model speculative decoding")
     settings = PerfSettings(
         target=model.target, draft_model=model.draft_model, dtype=args.dtype or model.get("dtype", "bfloat16"),
-        tasks=tuple(args.tasks), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gamma=args.gamma, min_confidence=args.min_confidence, peers=tuple(args.peers),
+        tasks=tuple(args.tasks), num_prompts=args.num_prompts, skip_prompts=args.skip_prompts, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats, gamma=args.gamma, max_gamma=args.max_gamma, min_confidence=args.min_confidence,
+        draft_cost=args.draft_cost, peers=tuple(args.peers),
         temperatures=tuple(args.temperatures),
         token_counts=args.token_counts, data_dir=args.data_dir, **draft_configs(args),
     )  # fmt: skip

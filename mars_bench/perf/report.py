@@ -31,10 +31,24 @@ def header(result: dict[str, Any]) -> str:
     else:
         vocabs = ", ".join("all" if v is None else str(v) for v in s["draft_vocabs"])
         configs = f"draft lengths {', '.join(s['draft_lengths'])}, draft vocabularies {vocabs}"
-    return (f"{s['target']} with {s['draft_model']}, {s['dtype']}, {result['prompts']} prompts ({', '.join(s['tasks'])}), "
-            f"{s['max_new_tokens']} new tokens, gamma {s['gamma']}, {configs}, "
+    skipped = s.get("skip_prompts", 0)
+    taken = f"{result['prompts']} prompts ({', '.join(s['tasks'])}"
+    taken += f"; each task's prompts {skipped + 1} to {skipped + s['num_prompts']})" if skipped else ")"
+    return (f"{s['target']} with {s['draft_model']}, {s['dtype']}, {taken}, "
+            f"{s['max_new_tokens']} new tokens, gamma {s['gamma']}{policy_keys(s)}, {configs}, "
             f"{result['repeats_done']} of {s['repeats']} repeats; transformers' models: "
             f"`{result['peer_loading']}`; assisted generation: {result['assisted_generation']}.")  # fmt: skip
+
+
+def policy_keys(settings: dict[str, Any]) -> str:
+    """The draft-length keys the run's policies read (schedule: max_gamma; confidence: the stop; gain: the
+    draft cost), as the header lists them after gamma."""
+    configurations = settings.get("configurations")
+    policies = {config["length"] for config in configurations} if configurations else set(settings.get("draft_lengths") or ())
+    keys = {"schedule": ("max_gamma", "max gamma {}"), "confidence": ("min_confidence", "stop at q < {}"),
+            "gain": ("draft_cost", "draft cost {} target forwards")}  # fmt: skip
+    return "".join(f", {text.format(settings[key])}" for policy, (key, text) in keys.items()
+                   if policy in policies and key in settings)  # fmt: skip
 
 
 def prompt_tasks(result: dict[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
 from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.draft_weights import quantized_draft_model
-from mars_bench.drafting.model import check_min_confidence
+from mars_bench.drafting.stop import check_draft_cost, check_min_confidence
 from mars_bench.method import MethodSpec
 from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.perf.costs import (
@@ -80,6 +80,7 @@ class PerfSettings:
     dtype: str = "bfloat16"
     tasks: tuple[str, ...] = ("humaneval", "gsm8k")
     num_prompts: int = 10
+    skip_prompts: int = 0  # time each task's prompts after its first skip_prompts (e.g. prompts a tuning did not see)
     max_new_tokens: int = 128
     repeats: int = 3
     gamma: int = DEFAULT_LENGTH.gamma
@@ -89,6 +90,7 @@ class PerfSettings:
     temperatures: tuple[float, ...] = (0.0, 1.0)
     max_gamma: int = DEFAULT_LENGTH.max_gamma  # the schedule policy's longest draft
     min_confidence: float = DEFAULT_LENGTH.min_confidence  # the confidence policy's stop
+    draft_cost: float = DEFAULT_LENGTH.draft_cost  # the gain policy's cost of one more drafted token, in target forwards
     peers: tuple[str, ...] = PEER_METHODS  # transformers' methods timed (see methods_for)
     token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
     data_dir: str | None = None
@@ -98,11 +100,14 @@ class PerfSettings:
                               ("repeats", self.repeats), ("gamma", self.gamma)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
+        if self.skip_prompts < 0:
+            raise ValueError(f"--skip-prompts={self.skip_prompts} is invalid: allowed is an integer >= 0")
         for config in self.configs():
             self.spec(config, 0.0)
         if self.token_counts is not None:
             check_count_file(self.token_counts)  # before any model loads
         check_min_confidence(self.min_confidence)
+        check_draft_cost(self.draft_cost)
         for peer in self.peers:
             if peer not in PEER_METHODS:
                 raise ValueError(f"--peers {peer} is invalid: allowed are {', '.join(PEER_METHODS)}")
@@ -118,7 +123,7 @@ class PerfSettings:
             return MethodSpec(sampling=sampling)
         drafter = {"draft_vocab": config.vocab, "token_counts": self.token_counts if config.vocab else None,
                    "weights": config.weights, "guesses": config.guesses}  # fmt: skip
-        length = DraftLengthSettings(config.length, self.gamma, self.max_gamma, self.min_confidence)
+        length = DraftLengthSettings(config.length, self.gamma, self.max_gamma, self.min_confidence, self.draft_cost)
         verifier = Method(OURS, temperature, config).verifier
         return MethodSpec.create("model", verifier, drafter_settings=drafter, length=length, sampling=sampling)
 
@@ -170,18 +175,20 @@ def methods_for(settings: PerfSettings) -> list[Method]:
     return methods
 
 
-def first_turn_prompts(tokenizer: Any, task: str, num_prompts: int, data_dir: str | None = None) -> list[list[int]]:
-    """The chat-templated first turns of ``task``'s first ``num_prompts`` questions (from the
-    shared data folder or, without it, the pinned registry package), as token ids."""
-    config = task_option(task, num_prompts=num_prompts)
-    questions = load_questions(config, data_dir)
+def first_turn_prompts(
+    tokenizer: Any, task: str, num_prompts: int, data_dir: str | None = None, skip: int = 0
+) -> list[list[int]]:
+    """The chat-templated first turns of ``task``'s ``num_prompts`` questions after its first ``skip`` (from
+    the shared data folder or, without it, the pinned registry package), as token ids."""
+    config = task_option(task, num_prompts=skip + num_prompts)
+    questions = load_questions(config, data_dir)[skip:]
     return [chat_prompt_ids(tokenizer, [question.turns[0]], config.system_prompt) for question in questions]
 
 
 def task_prompts(tokenizer: Any, settings: PerfSettings) -> list[tuple[str, list[int]]]:
     """(task, prompt ids) of every prompt the suite times, task by task."""
     return [(task, prompt) for task in settings.tasks
-            for prompt in first_turn_prompts(tokenizer, task, settings.num_prompts, settings.data_dir)]
+            for prompt in first_turn_prompts(tokenizer, task, settings.num_prompts, settings.data_dir, settings.skip_prompts)]
 
 
 class Suite:
