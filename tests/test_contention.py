@@ -24,20 +24,32 @@ from mars_bench.bench.summary import disturbed_rows, format_table, summarise
 BUSY = "import time\nend = time.time() + {seconds}\nprint('busy', flush=True)\nwhile time.time() < end: pass"
 
 
+OWN_CPU_S = contention.own_cpu_s  # this process's CPU seconds, as the meter reads them unpatched
+
+
 class SimulatedMachine:
     """A machine on which other processes keep ``cores`` cores busy, for the first ``intervals``
     intervals a meter measures (then none: a competitor that finishes) or throughout (None). Its
-    busy CPU seconds are this process's own, as measured, plus the others' ``cores`` per second."""
+    busy CPU seconds are this process's own, as measured, plus the others' ``cores`` per second.
+
+    The meter reads the machine's busy time, then this process's own (``own_cpu_s``), which answers
+    what the busy time just read: two real reads of a counter that moves in clock ticks could differ
+    by a tick, which over a tiny model's decode of a few ms would read as another process's load."""
 
     def __init__(self, cores: float, intervals: int | None = None) -> None:
         self.cores, self.intervals_left = cores, intervals
         self.others_s, self.since = 0.0, time.perf_counter()
+        self.own_read = OWN_CPU_S()
 
     def busy_s(self) -> float:
         now = time.perf_counter()
         self.others_s += self.cores * (now - self.since)
         self.since = now
-        return contention.own_cpu_s() + self.others_s
+        self.own_read = OWN_CPU_S()
+        return self.own_read + self.others_s
+
+    def own_cpu_s(self) -> float:
+        return self.own_read
 
     def set_cores(self, cores: float) -> None:
         self.busy_s()
@@ -65,6 +77,7 @@ def machine(monkeypatch):
             return measured
 
         monkeypatch.setattr(contention, "machine_busy_s", simulated.busy_s)
+        monkeypatch.setattr(contention, "own_cpu_s", simulated.own_cpu_s)
         monkeypatch.setattr(ContentionMeter, "stop", stop_and_count)
         return simulated
 
