@@ -20,6 +20,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from mars_bench.verification.base import check_range
+
 CALIBRATION_BINS = 10  # GainStop's acceptance estimate per q in [0, 0.1), ..., [0.9, 1]
 PRIOR_WEIGHT = 2.0  # pseudo-verdicts per bin that say "a token with draft probability q is kept with probability q"
 
@@ -31,10 +33,9 @@ def check_min_confidence(value: float | None) -> None:
 
 
 def check_draft_cost(value: float) -> None:
-    """A ``draft_cost`` is a number > 0 (in target forwards)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        allowed = "allowed is a number > 0 (one drafted token's cost in target forwards)"
-        raise ValueError(f"drafter.draft_cost={value!r} is invalid: {allowed}")
+    """A ``draft_cost`` is a finite number > 0 (in target forwards)."""
+    smallest = math.nextafter(0.0, 1.0)
+    check_range("drafter.draft_cost", value, smallest, math.inf, "a number > 0 (one drafted token's cost in target forwards)")
 
 
 class DraftStop:
@@ -76,12 +77,11 @@ class GainStop(DraftStop):
     The step's first draft is always made. After drafts with q_1..q_k, another draft is kept only
     if every draft so far is (probability a(q_1)...a(q_k)) and it is too (estimated a(q_k):
     confident runs go on), so it adds a(q_1)...a(q_k) a(q_k) tokens in expectation. It is drafted
-    while that is at least
-    ``draft_cost`` times the sequence's rate: the tokens its steps have committed per target
-    forward of cost (each step one verify plus draft_cost per drafted token; one autoregressive
-    step as the prior). a(q) is the share of tokens with a q in q's tenth that the verifier kept
-    in this sequence, with ``PRIOR_WEIGHT`` pseudo-verdicts of probability q: a token counts as
-    kept or as the first rejected; those after a rejection were never judged.
+    while that is at least ``draft_cost`` times the sequence's rate: the tokens its steps have
+    committed per target forward of cost (each step one verify plus draft_cost per drafted token;
+    one autoregressive step as the prior). a(q) is the share of tokens with a q in q's tenth that
+    the verifier kept in this sequence, with ``PRIOR_WEIGHT`` pseudo-verdicts of probability q: a
+    token counts as kept or as the first rejected; those after a rejection were never judged.
     """
 
     draft_cost: float
