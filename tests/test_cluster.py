@@ -82,8 +82,10 @@ def rows_by_cell(sweep: Path) -> dict[str, list[dict]]:
 
 
 def deterministic(table: pd.DataFrame) -> pd.DataFrame:
-    """A table without its timing columns (seconds differ between any two runs)."""
-    timed = [column for column in table if "speedup" in column or column.startswith("tok_per_s") or column == "disturbed"]
+    """A table without its timing columns: seconds differ between any two runs, and which rows count as timed
+    (so whether a latency is NaN) depends on what else used the machine then."""
+    timed = [column for column in table
+             if "speedup" in column or column.startswith(("tok_per_s", "latency_")) or column == "disturbed"]  # fmt: skip
     return table.drop(columns=timed)
 
 
