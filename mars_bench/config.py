@@ -231,8 +231,8 @@ def method_spec(cfg: Any) -> MethodSpec:
     ``verifier`` node and the sampling keys, checked (ValueError, one line)."""
     drafter = cfg.drafter
     settings = drafter_params(drafter)
-    if cfg.batch_size > 1 and settings.get("guesses"):
-        settings["guesses"] = 0  # lookup guesses ride on one sequence's drafter forwards; batches draft without them
+    if cfg.batch_size > 1:  # lookup guesses and context tokens ride on one sequence's drafter; batches draft without
+        settings.update({key: off for key, off in (("guesses", 0), ("context_vocab", False)) if key in settings})
     return MethodSpec.create(
         drafter.name,
         cfg.verifier.name,

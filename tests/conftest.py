@@ -549,3 +549,12 @@ class HostSyncs(TorchFunctionMode):
         if copy and marked and isinstance(result, OnDevice):
             result = result.as_subclass(torch.Tensor)
         return result
+
+
+def is_quantized(layer: torch.nn.Module) -> bool:
+    """Whether the layer is our CPU int8 layer or a linear layer holding a torchao quantized weight."""
+    from torchao.utils import TorchAOBaseTensor
+
+    from mars_bench.drafting.draft_weights import Int8Linear
+
+    return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)

@@ -67,10 +67,11 @@ def test_a_run_at_batch_size_4_drafts_without_guesses_and_its_label_says_so():
 
     from mars_bench.config import method_spec
 
-    single, batched = run_config(), run_config("batch_size=4")  # the embedded pair's tuning sets guesses=3
-    assert single.drafter.guesses == batched.drafter.guesses == 3
-    assert "guesses=3" in method_spec(single).drafter_setting
+    single, batched = run_config(), run_config("batch_size=4")  # the embedded pair's tuning sets guesses=3 and context_vocab
+    assert single.drafter.guesses == batched.drafter.guesses == 3 and single.drafter.context_vocab
+    assert "guesses=3" in method_spec(single).drafter_setting and "context_vocab=True" in method_spec(single).drafter_setting
     assert method_spec(batched).drafter_settings.guesses == 0 and "guesses" not in method_spec(batched).drafter_setting
+    assert not method_spec(batched).drafter_settings.context_vocab and "context_vocab" not in method_spec(batched).drafter_setting
 
 
 def test_the_batched_engine_refuses_a_drafter_with_guesses_in_one_line():
@@ -83,3 +84,6 @@ def test_the_batched_engine_refuses_a_drafter_with_guesses_in_one_line():
         ValueError, match=r"^drafter.guesses=2 rides on one sequence's drafter forwards: allowed at batch_size > 1 is 0$"
     ):
         batch_drafter(drafter)
+    prompted = ModelDrafter(tiny_model(), settings=ModelSettings(draft_vocab=8, context_vocab=True))
+    with pytest.raises(ValueError, match=r"^drafter.context_vocab=true scores one sequence's own tokens: allowed at batch_"):
+        batch_drafter(prompted)

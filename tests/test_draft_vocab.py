@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import SMOKE, app, tiny_model
+from conftest import SMOKE, app, is_quantized, tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import (
@@ -23,6 +23,7 @@ from mars_bench.drafting.draft_vocab import (
     load_token_counts,
     sharegpt_token_counts,
 )
+from mars_bench.drafting.draft_weights import quantized_draft_model
 from mars_bench.kvcache import cached_forward
 from mars_bench.verification.sampling import SamplingParams
 
@@ -42,6 +43,8 @@ def test_the_k_most_counted_ids_are_kept_ties_to_the_lower_id_with_the_special_t
     ({"draft_vocab": 0}, "drafter.draft_vocab=0 is invalid: allowed is an integer >= 1 or null"),
     ({"draft_vocab": "many"}, "drafter.draft_vocab='many' is invalid"),
     ({"token_counts": "counts.npy"}, "drafter.token_counts='counts.npy' ranks tokens for drafter.draft_vocab, which is null"),
+    ({"context_vocab": True}, "drafter.context_vocab=true adds the context's tokens to drafter.draft_vocab, which is null"),
+    ({"draft_vocab": 8, "context_vocab": "yes"}, "drafter.context_vocab='yes' is invalid: allowed are true and false$"),
 ])  # fmt: skip
 def test_bad_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(ValueError, match=f"^{message}"):
@@ -127,6 +130,60 @@ def test_the_reduced_head_gives_the_full_heads_logits_on_its_subset_and_minus_in
     assert torch.allclose(tree[:, ids], tree_full[:, ids], atol=1e-5)
 
 
+def test_the_contexts_tokens_get_the_full_heads_logits_until_the_next_context_replaces_them():
+    from transformers import DynamicCache
+
+    model = tiny_model(seed=3)
+    ids = [0, 4, 17, 50, 95]
+    cut = reduced(model, ids)
+    tokens = torch.tensor([1, 5, 9, 2, 7])
+    full, _ = cached_forward(model, tokens, DynamicCache(config=model.config))
+    cut.use_context_tokens(torch.tensor([9, 4, 60, 9]))  # 4 is in the subset already; 9 twice
+    assert cut.context_ids.tolist() == [9, 60]
+    mine, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
+    assert torch.allclose(mine[:, [*ids, 9, 60]], full[:, [*ids, 9, 60]], atol=1e-5)
+    assert torch.isneginf(mine[:, [1, 2, 5, 59]]).all()
+    cut.use_context_tokens(torch.tensor([2]))
+    again, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
+    assert torch.isneginf(again[:, [9, 60]]).all() and torch.allclose(again[:, 2], full[:, 2], atol=1e-5)
+    cut.use_context_tokens(torch.tensor([4, 17]))  # nothing beyond the subset
+    alone, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
+    assert cut.context_head is None and torch.isneginf(alone[:, 2]).all()
+
+
+def test_the_context_rows_of_a_quantized_drafter_are_quantized_as_the_whole_quantized_head_quantizes_them():
+    from transformers import DynamicCache
+
+    model = tiny_model(seed=3)
+    ids = [0, 4, 17, 50, 95]
+    quantized_cut = quantized_draft_model(reduced(model, ids), "int4")
+    quantized_cut.use_context_tokens(torch.tensor([9, 60, 61]))
+    assert is_quantized(quantized_cut.context_head)
+    tokens = torch.tensor([1, 5, 9, 2, 7])
+    mine, _ = cached_forward(quantized_cut, tokens, DynamicCache(config=model.config))
+    whole, _ = cached_forward(quantized_draft_model(model, "int4"), tokens, DynamicCache(config=model.config))
+    assert torch.allclose(mine[:, [*ids, 9, 60, 61]], whole[:, [*ids, 9, 60, 61]], atol=1e-4)
+
+
+def test_the_model_drafter_with_context_tokens_drafts_them_and_only_them_beyond_the_subset(tmp_path):
+    draft = tiny_model(seed=7, layers=2)
+    counts = np.zeros(96)
+    counts[[3, 8, 40, 41, 42, 60]] = [9, 8, 7, 6, 5, 4]
+    np.save(tmp_path / "counts.npy", counts)
+    drafter = build_drafter("model", model=draft, vocab_size=96, draft_vocab=4, token_counts=str(tmp_path / "counts.npy"),
+                            context_vocab=True)  # fmt: skip
+    prompt, generator = torch.tensor(PROMPTS[1]), torch.Generator().manual_seed(0)
+    drafter.begin(prompt)
+    proposal = drafter.propose(prompt, 5, SamplingParams(temperature=1.0), generator)
+    allowed = {3, 8, 40, 41, *PROMPTS[1]}
+    off = torch.ones(96, dtype=torch.bool).index_fill_(0, torch.tensor(sorted(allowed)), False)
+    assert set(proposal.tokens.tolist()) <= allowed
+    assert (proposal.dists[:, off] == 0).all() and (proposal.dists[:, [1, 4, 42]] > 0).all()  # the prompt's, off the subset
+    drafter.accept([])
+    grown = torch.cat([prompt, torch.tensor([77])])  # the target emitted 77: the next drafts may repeat it
+    assert (drafter.propose(grown, 3, SamplingParams(temperature=1.0), generator).dists[:, 77] > 0).all()
+
+
 def test_the_model_drafter_over_a_subset_drafts_only_subset_tokens_with_q_zero_elsewhere(tmp_path):
     draft = tiny_model(seed=7, layers=2)
     counts = np.zeros(96)
@@ -146,11 +203,14 @@ def test_exact_with_a_reduced_draft_vocabulary_reproduces_the_targets_greedy_dec
     target, draft = tiny_model(seed=0), tiny_model(seed=7, layers=2)
     np.save(tmp_path / "counts.npy", np.arange(96)[::-1])  # the 48 lowest ids are the "frequent" ones
     drafter = build_drafter(name, model=draft, vocab_size=96, draft_vocab=48, token_counts=str(tmp_path / "counts.npy"))
+    with_prompt = build_drafter(name, model=draft, vocab_size=96, draft_vocab=48, token_counts=str(tmp_path / "counts.npy"),
+                                context_vocab=True)  # fmt: skip
     for prompt in PROMPTS:
         baseline = decode(target, None, None, prompt, max_new_tokens=40)
-        result = decode(target, drafter, "exact", prompt, max_new_tokens=40, gamma=4)
-        assert result.tokens == baseline.tokens
-        assert result.drafted > 0
+        for chosen in (drafter, with_prompt):
+            result = decode(target, chosen, "exact", prompt, max_new_tokens=40, gamma=4)
+            assert result.tokens == baseline.tokens
+            assert result.drafted > 0
 
 
 def test_a_head_that_rescales_its_logits_is_refused_in_one_line():

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import is_quantized, tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import ReducedHeadModel
-from mars_bench.drafting.draft_weights import DraftWeightSettings, Int8Linear, quantized_draft_model, quantized_linear
+from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model, quantized_linear
 from mars_bench.kvcache import cached_forward
 from mars_bench.verification.sampling import SamplingParams
 
@@ -30,13 +30,6 @@ def relative_error(layer: torch.nn.Module, reference: torch.nn.Linear, rows: int
     mine, exact = layer(x).float(), reference(x).float()
     assert mine.shape == exact.shape
     return float((mine - exact).norm() / exact.norm())
-
-
-def is_quantized(layer: torch.nn.Module) -> bool:
-    """Whether the layer is our CPU int8 layer or a linear layer holding a torchao quantized weight."""
-    from torchao.utils import TorchAOBaseTensor
-
-    return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

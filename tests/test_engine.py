@@ -226,10 +226,10 @@ def test_unknown_drafter_names_are_refused():
 
 
 def test_a_setting_the_drafter_does_not_declare_is_refused_in_one_line():
-    allowed = "top_k, tree_tokens, draft_vocab, token_counts, weights"
+    allowed = "top_k, tree_tokens, draft_vocab, token_counts, context_vocab, weights"
     with pytest.raises(ValueError, match=f"^drafter model_tree has no setting 'topk': allowed are {allowed}$"):
         build_drafter("model_tree", model=target_stub(), topk=3)
-    model_keys = "draft_vocab, token_counts, weights, guesses"
+    model_keys = "draft_vocab, token_counts, context_vocab, weights, guesses"
     with pytest.raises(ValueError, match=f"^drafter model has no setting 'layers': allowed are {model_keys}$"):
         build_drafter("model", model=target_stub(), layers=2)
     with pytest.raises(ValueError, match=r"^drafter none has no setting 'top_k': allowed are none$"):

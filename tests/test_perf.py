@@ -44,6 +44,8 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--configs", "fixed:32768:int2"], "--configs fixed:32768:int2 is invalid: allowed as weights are int8, int4"),
     (["--configs", "fixed:none:int4:x"], "--configs fixed:none:int4:x is invalid: allowed as guesses are integers >= 0"),
     (["--configs", "fixed:none:int4:2:x"], "--configs fixed:none:int4:2:x is invalid: allowed as guesses are integers >= 0"),
+    (["--configs", "fixed:32768+chat"], "--configs fixed:32768+chat is invalid: allowed after K+ is context"),
+    (["--configs", "fixed:none+context"], "drafter.context_vocab=true adds the context's tokens to drafter.draft_vocab"),
     (["--peers", "vllm"], "--peers vllm is invalid: allowed are generate, assisted, assisted-like"),
     (["--min-confidence", "1.5"], "drafter.min_confidence=1.5 is invalid: allowed is a number in (0, 1)"),
     (["--draft-cost", "0"], "drafter.draft_cost=0.0 is invalid: allowed is a number > 0"),
@@ -67,6 +69,11 @@ def test_configurations_given_one_by_one_replace_every_length_with_every_vocabul
     guessing, _ = perf_options(["--configs", "confidence:32768:int4:3", "confidence:32768:none:3"])
     assert guessing.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
     assert guessing.configs()[0].name == "confidence + vocab 32768 + int4 weights + 3 guesses"
+    prompted, _ = perf_options(["--configs", "confidence:32768+context:int4:3"])
+    assert prompted.configs() == [DraftConfig("confidence", 32768, "int4", 3, context_vocab=True)]
+    assert prompted.configs()[0].name == "confidence + vocab 32768 + context tokens + int4 weights + 3 guesses"
+    assert prompted.configs()[0].drafter_key == "32768+context:int4"
+    assert prompted.spec(prompted.configs()[0], 0.0).drafter_settings.context_vocab
     gaining, _ = perf_options(["--configs", "gain:32768:int4:3", "schedule", "--draft-cost", "0.2", "--gamma", "8",
                                "--max-gamma", "24"])  # fmt: skip
     assert [gaining.spec(config, 0.0).length for config in gaining.configs()] == [

@@ -185,9 +185,12 @@ class BatchedModelDrafts(RowDrafts):
 def batch_drafter(drafter: Drafter | None) -> RowDrafts:
     """The batched form of ``drafter`` (None: the AR baseline's: no drafts)."""
     check_batch_drafter(drafter)
-    guesses = getattr(getattr(drafter, "settings", None), "guesses", 0)
+    settings = getattr(drafter, "settings", None)
+    guesses = getattr(settings, "guesses", 0)
     if guesses:
         raise ValueError(f"drafter.guesses={guesses} rides on one sequence's drafter forwards: allowed at batch_size > 1 is 0")
+    if getattr(settings, "context_vocab", False):
+        raise ValueError("drafter.context_vocab=true scores one sequence's own tokens: allowed at batch_size > 1 is false")
     if drafter is not None and drafter.name in MODEL_DRAFTERS:
         return BatchedModelDrafts(drafter)
     return RowDrafts(drafter)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,10 +46,14 @@ class DraftVocabSettings:
     draft_vocab: K, the number of most frequent target tokens the drafter scores (null: all).
     token_counts: a count file (``.npy`` or ``.json``, one count per token id) to rank tokens by;
         null: the built-in ShareGPT count for the target's tokenizer.
+    context_vocab: the drafter also scores every token of its context so far (the prompt and the
+        tokens decoded) that the K lack: the names and words of one question, which its answer
+        repeats and a count over other text ranks low (batch_size 1).
     """
 
     draft_vocab: int | None = field(default=None, metadata=OPTIONAL)
     token_counts: str | None = field(default=None, metadata=OPTIONAL)
+    context_vocab: bool = field(default=False, metadata=OPTIONAL)
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
@@ -61,6 +65,12 @@ class DraftVocabSettings:
         if self.token_counts is not None and k is None:
             raise ValueError(
                 f"drafter.token_counts={self.token_counts!r} ranks tokens for drafter.draft_vocab, which is null: set both"
+            )
+        if not isinstance(self.context_vocab, bool):
+            raise ValueError(f"drafter.context_vocab={self.context_vocab!r} is invalid: allowed are true and false")
+        if self.context_vocab and k is None:
+            raise ValueError(
+                "drafter.context_vocab=true adds the context's tokens to drafter.draft_vocab, which is null: set both"
             )
 
 
@@ -192,6 +202,12 @@ class ReducedHeadModel(torch.nn.Module):
     that hold the head's logits at ``ids`` and -inf elsewhere, so the drafter's q is exactly
     zero off the subset. The cut head is a linear layer holding a copy of the K rows (K x hidden
     numbers).
+
+    ``use_context_tokens(context_ids)`` adds, until the next call, the rows of the context's tokens
+    that the subset lacks (``context_vocab``): a frequency count misses the names and words of one
+    question, which its answer repeats. ``row_layer`` builds the layer that holds those rows, the
+    way the cut head was built (``quantized_draft_model`` sets it to quantize them like the cut
+    head, so they score as the whole quantized head would).
     """
 
     def __init__(self, model: Any, ids: torch.Tensor, width: int) -> None:
@@ -203,13 +219,27 @@ class ReducedHeadModel(torch.nn.Module):
         self.model = model
         self.config = model.config
         self.width = width
-        rows = ids.to(head.weight.device)
-        self.register_buffer("ids", rows, persistent=False)
-        weight = head.weight.detach()[rows]
-        self.head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=head.bias is not None, device="meta")
-        self.head.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
-        if head.bias is not None:
-            self.head.bias = torch.nn.Parameter(head.bias.detach()[rows].contiguous(), requires_grad=False)
+        self.register_buffer("ids", ids.to(head.weight.device), persistent=False)
+        self.head = head_rows(head, ids)
+        self.row_layer: Callable[[torch.nn.Linear], torch.nn.Module] = lambda layer: layer
+        in_subset = torch.zeros(width, dtype=torch.bool, device=head.weight.device)
+        in_subset[self.ids] = True
+        self.register_buffer("in_subset", in_subset, persistent=False)
+        self.register_buffer("context_ids", self.ids.new_empty(0), persistent=False)
+        self.context_head: torch.nn.Module | None = None
+
+    def use_context_tokens(self, context_ids: torch.Tensor) -> None:
+        """Score the tokens of ``context_ids`` (LongTensor[L]) besides the subset, until the next call;
+        the rows are built again only when that set of tokens changes."""
+        head = self.model.get_output_embeddings()
+        tokens = context_ids.to(self.in_subset.device)
+        seen = torch.zeros_like(self.in_subset)
+        seen[tokens[(tokens >= 0) & (tokens < min(self.width, head.weight.shape[0]))]] = True
+        extra = torch.nonzero(seen & ~self.in_subset)[:, 0]
+        if torch.equal(extra, self.context_ids):
+            return
+        self.context_ids = extra
+        self.context_head = self.row_layer(head_rows(head, extra)) if len(extra) else None
 
     def get_input_embeddings(self) -> Any:
         return self.model.get_input_embeddings()
@@ -228,9 +258,22 @@ class ReducedHeadModel(torch.nn.Module):
             hidden = hidden[:, logits_to_keep.to(hidden.device)]
         elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        logits = self.head(hidden.to(self.ids.device))
+        hidden = hidden.to(self.ids.device)
+        logits = self.head(hidden)
         full = logits.new_full((*logits.shape[:-1], self.width), float("-inf")).index_copy_(-1, self.ids, logits)
+        if self.context_head is not None:
+            full.index_copy_(-1, self.context_ids, self.context_head(hidden).to(full.dtype))
         return SimpleNamespace(logits=full.to(input_ids.device), hidden_states=out.hidden_states)
+
+
+def head_rows(head: torch.nn.Linear, rows: torch.Tensor) -> torch.nn.Linear:
+    """A new linear layer holding a copy of ``head``'s rows ``rows`` (and of their biases)."""
+    weight = head.weight.detach()[rows.to(head.weight.device)]
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=head.bias is not None, device="meta")
+    layer.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
+    if head.bias is not None:
+        layer.bias = torch.nn.Parameter(head.bias.detach()[rows.to(head.bias.device)].contiguous(), requires_grad=False)
+    return layer
 
 
 def reduced_draft_model(model: Any, settings: DraftVocabSettings, width: int, tokenizer: Any) -> Any:

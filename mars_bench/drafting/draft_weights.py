@@ -26,6 +26,7 @@ prefill) can be slower through these kernels than through a bf16 matmul, once pe
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,4 +146,7 @@ def quantized_draft_model(model: Any, weights: str | None) -> Any:
             memo[id(module)] = quantized_linear(module, weights)
     for tensor in [*model.parameters(), *model.buffers()]:
         memo.setdefault(id(tensor), tensor)  # shared, not copied
-    return copy.deepcopy(model, memo)
+    quantized = copy.deepcopy(model, memo)
+    if hasattr(quantized, "row_layer"):  # a ReducedHeadModel's context-token rows, quantized like its cut head
+        quantized.row_layer = functools.partial(quantized_linear, weights=weights)
+    return quantized

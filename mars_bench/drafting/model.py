@@ -90,6 +90,7 @@ class ModelDrafter(Drafter):
         generator: torch.Generator | None,
     ) -> Draft:
         self._rewind()
+        self._score_context(context)
         feed = context[self.cached_valid :].to(self.device)
         guesses = getattr(self.settings, "guesses", 0)
         history = context.cpu().tolist() if guesses else []  # what prompt lookup searches: context, then drafts
@@ -131,6 +132,11 @@ class ModelDrafter(Drafter):
             probs=torch.cat(token_probs),
             dists=torch.cat(dists) if dists else None,
         )
+
+    def _score_context(self, context: torch.Tensor) -> None:
+        """With ``context_vocab``, the draft model scores the context's tokens too (``ReducedHeadModel``)."""
+        if getattr(self.settings, "context_vocab", False):
+            self.model.use_context_tokens(context)
 
     def _guess(self, history: list[int], count: int) -> torch.Tensor:
         """Up to ``count`` tokens guessed by prompt lookup over ``history`` (empty when count is 0)."""
@@ -215,6 +221,7 @@ class TreeModelDrafter(ModelDrafter):
     ) -> Draft:
         shape = TreeShape.for_step(max_drafts, self.settings.top_k, self.settings.tree_tokens)
         self._rewind()
+        self._score_context(context)
         _, root_probs = self.draft_probs(self._forward(context[self.cached_valid :].to(self.device))[None], sampling)
         self.cached_valid = self.cached_total  # the whole context is cached now
 

@@ -86,10 +86,10 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
         "--configs",
         nargs="+",
         default=None,
-        metavar="POLICY[:K[:WEIGHTS[:GUESSES]]]",
+        metavar="POLICY[:K[+context][:WEIGHTS[:GUESSES]]]",
         help="configurations one by one instead, e.g. fixed confidence:32768 confidence:32768:int4 "
-        "confidence:32768:int4:3 (K: the draft vocabulary, none for all; WEIGHTS: int8 or int4, "
-        "the drafter's quantized weights, none as loaded; GUESSES: drafter.guesses)",
+        "confidence:32768+context:int4:3 (K: the draft vocabulary, none for all, +context: and the context's "
+        "tokens; WEIGHTS: int8 or int4, the drafter's quantized weights, none as loaded; GUESSES: drafter.guesses)",
     )
     parser.add_argument("--token-counts", default=None, help="a count file (.npy/.json) ranking the draft vocabulary")
     parser.add_argument(
@@ -120,8 +120,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
 
 def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
     """The drafter configurations asked for: ``--configs`` one by one (``POLICY``, ``POLICY:K``,
-    ``POLICY:K:WEIGHTS`` or ``POLICY:K:WEIGHTS:GUESSES``), else each ``--draft-length`` with each
-    ``--draft-vocab``."""
+    ``POLICY:K:WEIGHTS`` or ``POLICY:K:WEIGHTS:GUESSES``; ``K+context``: K and the context's tokens), else
+    each ``--draft-length`` with each ``--draft-vocab``."""
     if args.configs is None:  # what is not given keeps PerfSettings' default
         product = {"draft_lengths": tuple(args.draft_length or ()),
                    "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ())}  # fmt: skip
@@ -136,8 +136,11 @@ def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
         weights = None if weights.lower() in ("", "none") else weights
         if weights:
             check_weights(weights, value)
+        vocab, plus, added = vocab.partition("+")
+        if plus and added != "context":
+            raise ValueError(f"--configs {value} is invalid: allowed after K+ is context (the context's tokens too)")
         config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None, weights,
-                             parse_guesses(guesses, value) if guesses else 0)  # fmt: skip
+                             parse_guesses(guesses, value) if guesses else 0, context_vocab=bool(plus))  # fmt: skip
         if config in configs:
             raise ValueError(f"--configs {value} is given twice: allowed is each configuration once")
         configs.append(config)

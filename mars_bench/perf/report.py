@@ -17,11 +17,14 @@ def spread(row: dict[str, Any]) -> tuple[str, str]:
             f"{row['prompt_median']:.2f}x [{row['prompt_min']:.2f}, {row['prompt_max']:.2f}]")  # fmt: skip
 
 
-def config_label(length: str, vocab: int | None, weights: str | None = None, guesses: int = 0) -> str:
-    """A drafter configuration's name: its draft-length policy, its draft vocabulary if reduced,
-    its weights if quantized, its lookup guesses per drafter forward if any."""
-    return (length + (f" + vocab {vocab}" if vocab else "") + (f" + {weights} weights" if weights else "")
-            + (f" + {guesses} guesses" if guesses else ""))  # fmt: skip
+def config_label(
+    length: str, vocab: int | None, weights: str | None = None, guesses: int = 0, context_vocab: bool = False
+) -> str:
+    """A drafter configuration's name: its draft-length policy, its draft vocabulary if reduced (and
+    whether it holds the context's tokens), its weights if quantized, its lookup guesses per drafter
+    forward if any."""
+    return (length + (f" + vocab {vocab}" if vocab else "") + (" + context tokens" if context_vocab else "")
+            + (f" + {weights} weights" if weights else "") + (f" + {guesses} guesses" if guesses else ""))  # fmt: skip
 
 
 def header(result: dict[str, Any]) -> str:

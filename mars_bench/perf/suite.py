@@ -55,22 +55,23 @@ Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per 
 class DraftConfig:
     """One configuration of our model drafter: its draft-length policy, draft vocabulary (K or
     None: all), weights (int8, int4 or None: as loaded) and lookup guesses per drafter forward
-    (``drafter.guesses``)."""
+    (``drafter.guesses``); ``context_vocab``: the draft vocabulary also holds the context's tokens."""
 
     length: str = "fixed"
     vocab: int | None = None
     weights: str | None = None
     guesses: int = 0
+    context_vocab: bool = False
 
     @property
     def name(self) -> str:
-        return config_label(self.length, self.vocab, self.weights, self.guesses)
+        return config_label(self.length, self.vocab, self.weights, self.guesses, self.context_vocab)
 
     @property
     def drafter_key(self) -> str:
         """The forward-cost table's key for this configuration's draft model (its vocabulary,
         and its weights if quantized: the draft length does not change a forward)."""
-        return str(self.vocab) + (f":{self.weights}" if self.weights else "")
+        return str(self.vocab) + ("+context" if self.context_vocab else "") + (f":{self.weights}" if self.weights else "")
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class PerfSettings:
         if config is None:
             return MethodSpec(sampling=sampling)
         drafter = {"draft_vocab": config.vocab, "token_counts": self.token_counts if config.vocab else None,
-                   "weights": config.weights, "guesses": config.guesses}  # fmt: skip
+                   "weights": config.weights, "guesses": config.guesses, "context_vocab": config.context_vocab}  # fmt: skip
         length = DraftLengthSettings(config.length, self.gamma, self.max_gamma, self.min_confidence, self.draft_cost)
         verifier = Method(OURS, temperature, config).verifier
         return MethodSpec.create("model", verifier, drafter_settings=drafter, length=length, sampling=sampling)
@@ -350,7 +351,8 @@ def differences(mine: Method, other: Method) -> str:
         parts = [f"the decoder: ours (draft length {mine.config.length}) against assisted generation (its own draft "
                  "length heuristic)"]  # fmt: skip
         if mine.config.vocab:
-            parts.append(f"our drafter scores {mine.config.vocab:,} tokens, the assistant its full vocabulary (no counterpart)")
+            scored = f"{mine.config.vocab:,} tokens" + (" and the context's" if mine.config.context_vocab else "")
+            parts.append(f"our drafter scores {scored}, the assistant its full vocabulary (no counterpart)")
         return "; ".join(parts)
     if mine.side == OURS:
         return "the autoregressive decoder: ours against transformers' generate"
