@@ -150,7 +150,8 @@ def test_the_app_refuses_a_misspelt_drafter_key_in_one_line(app_process):
     assert result.stderr.strip().splitlines() == [
         "mars_bench: error: drafter.topk is not a drafter setting: allowed are name, gamma, length, max_gamma, min_confidence, "
         "draft_cost; drafter settings: eagle3: top_k tree_tokens; layerskip: layers; lookup: max_ngram min_ngram; "
-        "model: draft_vocab guesses token_counts weights; model_tree: draft_vocab token_counts top_k tree_tokens weights"
+        "model: context_vocab draft_vocab guesses token_counts weights; model_tree: context_vocab draft_vocab token_counts top_k "
+        "tree_tokens weights"
     ]
 
 

@@ -700,7 +700,7 @@ def test_the_readme_links_every_docs_page_and_stays_short():
 def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_loads():
     from mars_bench.lm_eval_model import MarsBenchLM
 
-    message = ("unknown model_args topk for drafter=model_tree, verifier=mars: their settings are correction, draft_vocab, "
-               "entropy_gate, guard, theta, token_counts, top_k, tree_tokens, weights")  # fmt: skip
+    message = ("unknown model_args topk for drafter=model_tree, verifier=mars: their settings are context_vocab, correction, "
+               "draft_vocab, entropy_gate, guard, theta, token_counts, top_k, tree_tokens, weights")  # fmt: skip
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)
