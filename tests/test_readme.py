@@ -570,6 +570,8 @@ def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperat
 
 LIKE = "python -m mars_bench.perf --tasks humaneval gsm8k mt_bench --num-prompts 10 --repeats 2 --gamma 20 --min-confidence 0.6"
 LIKE_T0 = LIKE + " --configs confidence:32768:int4:3 confidence"  # the greedy protocol (both configurations)
+LIKE_CONTEXT_T0 = LIKE + " --configs confidence:32768+context:int4:3 confidence:32768+context:none:3"  # ... with context tokens
+UNSEEN = "python -m mars_bench.perf --tasks humaneval gsm8k mt_bench --num-prompts 10 --skip-prompts 10 --repeats 1 --gamma 20"
 
 
 def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter_against_the_same_weights_assistant():
@@ -582,9 +584,19 @@ def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter
                      "T=0 transformers assisted generation",  # the bf16 configuration's like-for-like assistant
                      "T=0 ours chain exact, confidence + vocab 32768 + int4 weights + 3 guesses",
                      "T=0 ours chain exact, confidence + vocab 32768 + 3 guesses"}  # fmt: skip
-    tuned = run_config().drafter  # the protocol's configuration is the embedded pair's default
-    assert (tuned.length, tuned.gamma, tuned.min_confidence, tuned.draft_vocab, tuned.weights, tuned.guesses) == (
-        "confidence", settings.gamma, settings.min_confidence, 32768, "int4", 3)  # fmt: skip
+
+
+def test_the_context_protocol_is_the_greedy_protocol_with_context_tokens_and_its_int4_configuration_is_the_default():
+    settings, out = perf_settings(LIKE_CONTEXT_T0)
+    greedy, _ = perf_settings(LIKE_T0)
+    with_context = tuple(replace(config, context_vocab=True) for config in greedy.configurations)
+    assert settings == replace(greedy, configurations=with_context) and out == Path("perf_context_t0")
+    assert "T=0 ours chain exact, confidence + vocab 32768 + context tokens + int4 weights + 3 guesses" in chain_methods(settings)
+    tuned = run_config().drafter  # the embedded pair's default
+    default = settings.configs()[0]
+    assert (tuned.length, tuned.gamma, tuned.min_confidence, tuned.draft_vocab, tuned.context_vocab, tuned.weights,
+            tuned.guesses) == (default.length, settings.gamma, settings.min_confidence, default.vocab, True, default.weights,
+                               default.guesses)  # fmt: skip
 
 
 def test_the_like_for_like_temperature_1_run_times_the_default_against_the_same_int4_assistant():
@@ -598,7 +610,7 @@ def test_the_like_for_like_temperature_1_run_times_the_default_against_the_same_
 
 
 def test_the_unseen_prompts_run_times_each_tasks_next_ten_prompts_with_the_default_and_the_gain_stop():
-    settings, out = perf_settings("python -m mars_bench.perf --tasks humaneval gsm8k mt_bench --num-prompts 10 --skip-prompts 10")
+    settings, out = perf_settings(UNSEEN + " --min-confidence 0.6 --draft-cost")
     assert (settings.num_prompts, settings.skip_prompts, settings.repeats, settings.draft_cost) == (10, 10, 1, 0.17)
     default, gain = settings.configs()
     assert default == DraftConfig("confidence", 32768, "int4", 3) and gain == replace(default, length="gain")
@@ -606,6 +618,13 @@ def test_the_unseen_prompts_run_times_each_tasks_next_ten_prompts_with_the_defau
     greedy, _ = perf_settings(LIKE_T0)
     same_else = {"skip_prompts": 0, "repeats": 2, "draft_cost": greedy.draft_cost, "configurations": greedy.configurations}
     assert replace(settings, **same_else) == greedy  # the protocol's settings otherwise
+
+
+def test_the_unseen_prompts_run_of_the_context_default_is_the_context_protocol_on_the_next_ten_prompts_once():
+    settings, out = perf_settings(UNSEEN + " --min-confidence 0.6 --configs confidence:32768+context")
+    protocol, _ = perf_settings(LIKE_CONTEXT_T0)
+    assert replace(settings, skip_prompts=0, repeats=2) == replace(protocol, configurations=protocol.configurations[:1])
+    assert (settings.skip_prompts, settings.repeats, out) == (10, 1, Path("perf_unseen_context_t0"))
 
 
 def test_the_default_perf_command_differs_only_in_its_repeats():
