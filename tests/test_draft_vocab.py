@@ -111,58 +111,51 @@ def reduced(model, ids: list[int]) -> ReducedHeadModel:
     return ReducedHeadModel(model, torch.tensor(ids), model.config.vocab_size)
 
 
-def test_the_reduced_head_gives_the_full_heads_logits_on_its_subset_and_minus_infinity_elsewhere():
+SUBSET, TOKENS = [0, 4, 17, 50, 95], torch.tensor([1, 5, 9, 2, 7])
+
+
+def logits_of(model, **options) -> torch.Tensor:
+    """``model``'s logits for ``TOKENS`` fed to a fresh cache."""
     from transformers import DynamicCache
 
+    return cached_forward(model, TOKENS, DynamicCache(config=model.config), **options)[0]
+
+
+def test_the_reduced_head_gives_the_full_heads_logits_on_its_subset_and_minus_infinity_elsewhere():
     model = tiny_model(seed=3)
-    ids = [0, 4, 17, 50, 95]
-    cut = reduced(model, ids)
-    tokens = torch.tensor([1, 5, 9, 2, 7])
-    full, _ = cached_forward(model, tokens, DynamicCache(config=model.config))
-    mine, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
-    assert torch.allclose(mine[:, ids], full[:, ids], atol=1e-5)
-    off = torch.ones(model.config.vocab_size, dtype=torch.bool).index_fill_(0, torch.tensor(ids), False)
+    cut = reduced(model, SUBSET)
+    full, mine = logits_of(model), logits_of(cut)
+    assert torch.allclose(mine[:, SUBSET], full[:, SUBSET], atol=1e-5)
+    off = torch.ones(model.config.vocab_size, dtype=torch.bool).index_fill_(0, torch.tensor(SUBSET), False)
     assert torch.isneginf(mine[:, off]).all()
-    last, _ = cached_forward(cut, tokens, DynamicCache(config=model.config), last_only=True)
-    assert torch.allclose(last, mine[-1:], atol=1e-5)
-    tree, _ = cached_forward(cut, tokens, DynamicCache(config=model.config), parents=torch.tensor([-1, 0, 0, 1, 1]))
-    tree_full, _ = cached_forward(model, tokens, DynamicCache(config=model.config), parents=torch.tensor([-1, 0, 0, 1, 1]))
-    assert torch.allclose(tree[:, ids], tree_full[:, ids], atol=1e-5)
+    assert torch.allclose(logits_of(cut, last_only=True), mine[-1:], atol=1e-5)
+    parents = torch.tensor([-1, 0, 0, 1, 1])
+    assert torch.allclose(logits_of(cut, parents=parents)[:, SUBSET], logits_of(model, parents=parents)[:, SUBSET], atol=1e-5)
 
 
 def test_the_contexts_tokens_get_the_full_heads_logits_until_the_next_context_replaces_them():
-    from transformers import DynamicCache
-
     model = tiny_model(seed=3)
-    ids = [0, 4, 17, 50, 95]
-    cut = reduced(model, ids)
-    tokens = torch.tensor([1, 5, 9, 2, 7])
-    full, _ = cached_forward(model, tokens, DynamicCache(config=model.config))
+    cut = reduced(model, SUBSET)
+    full = logits_of(model)
     cut.use_context_tokens(torch.tensor([9, 4, 60, 9]))  # 4 is in the subset already; 9 twice
     assert cut.context_ids.tolist() == [9, 60]
-    mine, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
-    assert torch.allclose(mine[:, [*ids, 9, 60]], full[:, [*ids, 9, 60]], atol=1e-5)
+    mine = logits_of(cut)
+    assert torch.allclose(mine[:, [*SUBSET, 9, 60]], full[:, [*SUBSET, 9, 60]], atol=1e-5)
     assert torch.isneginf(mine[:, [1, 2, 5, 59]]).all()
     cut.use_context_tokens(torch.tensor([2]))
-    again, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
+    again = logits_of(cut)
     assert torch.isneginf(again[:, [9, 60]]).all() and torch.allclose(again[:, 2], full[:, 2], atol=1e-5)
     cut.use_context_tokens(torch.tensor([4, 17]))  # nothing beyond the subset
-    alone, _ = cached_forward(cut, tokens, DynamicCache(config=model.config))
-    assert cut.context_head is None and torch.isneginf(alone[:, 2]).all()
+    assert cut.context_head is None and torch.isneginf(logits_of(cut)[:, 2]).all()
 
 
 def test_the_context_rows_of_a_quantized_drafter_are_quantized_as_the_whole_quantized_head_quantizes_them():
-    from transformers import DynamicCache
-
     model = tiny_model(seed=3)
-    ids = [0, 4, 17, 50, 95]
-    quantized_cut = quantized_draft_model(reduced(model, ids), "int4")
+    quantized_cut = quantized_draft_model(reduced(model, SUBSET), "int4")
     quantized_cut.use_context_tokens(torch.tensor([9, 60, 61]))
     assert is_quantized(quantized_cut.context_head)
-    tokens = torch.tensor([1, 5, 9, 2, 7])
-    mine, _ = cached_forward(quantized_cut, tokens, DynamicCache(config=model.config))
-    whole, _ = cached_forward(quantized_draft_model(model, "int4"), tokens, DynamicCache(config=model.config))
-    assert torch.allclose(mine[:, [*ids, 9, 60, 61]], whole[:, [*ids, 9, 60, 61]], atol=1e-4)
+    scored, whole = [*SUBSET, 9, 60, 61], quantized_draft_model(model, "int4")
+    assert torch.allclose(logits_of(quantized_cut)[:, scored], logits_of(whole)[:, scored], atol=1e-4)
 
 
 def test_the_model_drafter_with_context_tokens_drafts_them_and_only_them_beyond_the_subset(tmp_path):
