@@ -24,6 +24,7 @@ from mars_bench.drafting import (
     drafter_settings,
     drafters_without_model,
 )
+from mars_bench.drafting.batched import ONE_SEQUENCE_SETTINGS
 from mars_bench.method import MethodSpec, check_tree_judges
 from mars_bench.placement import check_memory_budget, parse_dtype
 from mars_bench.settings import parse_label, plugin_label
@@ -231,8 +232,8 @@ def method_spec(cfg: Any) -> MethodSpec:
     ``verifier`` node and the sampling keys, checked (ValueError, one line)."""
     drafter = cfg.drafter
     settings = drafter_params(drafter)
-    if cfg.batch_size > 1:  # lookup guesses and context tokens ride on one sequence's drafter; batches draft without
-        settings.update({key: off for key, off in (("guesses", 0), ("context_vocab", False)) if key in settings})
+    if cfg.batch_size > 1:  # batches draft without the settings that ride on one sequence's drafter
+        settings.update({key: off for key, (off, _) in ONE_SEQUENCE_SETTINGS.items() if key in settings})
     return MethodSpec.create(
         drafter.name,
         cfg.verifier.name,

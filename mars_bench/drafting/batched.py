@@ -20,6 +20,10 @@ from mars_bench.verification.sampling import RandomStreams, SamplingParams
 
 BATCHED_DRAFTERS = ("lookup", "model", "layerskip")  # besides none (the AR baseline)
 MODEL_DRAFTERS = ("model", "layerskip")  # drafted by BatchedModelDrafts
+# The model drafter's settings that ride on one sequence's drafter: each one's value when off, and why batches
+# refuse it (the app turns them off at batch_size > 1, ``config.method_spec``).
+ONE_SEQUENCE_SETTINGS = {"guesses": (0, "rides on one sequence's drafter forwards"),
+                         "context_vocab": (False, "scores one sequence's own tokens")}  # fmt: skip
 
 
 def check_batch_drafter(drafter: Drafter | str | None) -> None:
@@ -182,15 +186,19 @@ class BatchedModelDrafts(RowDrafts):
         self.draft_q = [self.draft_q[row] for row in rows]
 
 
+def cli_value(value: object) -> str:
+    """A setting's value as a command line writes it (true/false for booleans)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def batch_drafter(drafter: Drafter | None) -> RowDrafts:
     """The batched form of ``drafter`` (None: the AR baseline's: no drafts)."""
     check_batch_drafter(drafter)
     settings = getattr(drafter, "settings", None)
-    guesses = getattr(settings, "guesses", 0)
-    if guesses:
-        raise ValueError(f"drafter.guesses={guesses} rides on one sequence's drafter forwards: allowed at batch_size > 1 is 0")
-    if getattr(settings, "context_vocab", False):
-        raise ValueError("drafter.context_vocab=true scores one sequence's own tokens: allowed at batch_size > 1 is false")
+    for key, (off, reason) in ONE_SEQUENCE_SETTINGS.items():
+        value = getattr(settings, key, off)
+        if value != off:
+            raise ValueError(f"drafter.{key}={cli_value(value)} {reason}: allowed at batch_size > 1 is {cli_value(off)}")
     if drafter is not None and drafter.name in MODEL_DRAFTERS:
         return BatchedModelDrafts(drafter)
     return RowDrafts(drafter)
