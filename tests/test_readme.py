@@ -609,6 +609,16 @@ def test_the_like_for_like_temperature_1_run_times_the_default_against_the_same_
         "T=1 ours chain rejection, confidence + vocab 32768 + int4 weights + 3 guesses"}  # fmt: skip
 
 
+def test_the_temperature_1_run_of_the_context_default_is_the_context_protocol_sampled_with_the_default_only():
+    settings, out = perf_settings(LIKE + " --configs confidence:32768+context:int4:3 --temperatures 1")
+    protocol, _ = perf_settings(LIKE_CONTEXT_T0)
+    assert settings == replace(protocol, temperatures=(1.0,), configurations=protocol.configurations[:1])
+    assert out == Path("perf_context_t1")
+    assert {method.name for method in methods_for(settings)} == {
+        "T=1 ours AR baseline", "T=1 transformers assisted generation, int4 assistant",
+        "T=1 ours chain rejection, confidence + vocab 32768 + context tokens + int4 weights + 3 guesses"}  # fmt: skip
+
+
 def test_the_unseen_prompts_run_times_each_tasks_next_ten_prompts_with_the_default_and_the_gain_stop():
     settings, out = perf_settings(UNSEEN + " --min-confidence 0.6 --draft-cost")
     assert (settings.num_prompts, settings.skip_prompts, settings.repeats, settings.draft_cost) == (10, 10, 1, 0.17)
