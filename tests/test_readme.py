@@ -599,24 +599,25 @@ def test_the_context_protocol_is_the_greedy_protocol_with_context_tokens_and_its
                                default.guesses)  # fmt: skip
 
 
-def test_the_like_for_like_temperature_1_run_times_the_default_against_the_same_int4_assistant():
-    settings, out = perf_settings(LIKE + " --configs confidence:32768:int4:3 --temperatures 1")
-    greedy, _ = perf_settings(LIKE_T0)
+@pytest.mark.parametrize(
+    ("config", "greedy_prefix", "expected_out", "chain"),
+    [
+        ("confidence:32768:int4:3", LIKE_T0, "perf_like_t1", "confidence + vocab 32768 + int4 weights + 3 guesses"),
+        ("confidence:32768+context:int4:3", LIKE_CONTEXT_T0, "perf_context_t1",
+         "confidence + vocab 32768 + context tokens + int4 weights + 3 guesses"),
+    ],
+    ids=["perf_like_t1", "perf_context_t1"],
+)  # fmt: skip
+def test_each_like_for_like_temperature_1_run_is_its_greedy_protocol_sampled_with_the_default_only(
+    config, greedy_prefix, expected_out, chain
+):
+    settings, out = perf_settings(LIKE + f" --configs {config} --temperatures 1")
+    greedy, _ = perf_settings(greedy_prefix)
     assert settings == replace(greedy, temperatures=(1.0,), configurations=greedy.configurations[:1])
-    assert out == Path("perf_like_t1")
+    assert out == Path(expected_out)
     assert {method.name for method in methods_for(settings)} == {
         "T=1 ours AR baseline", "T=1 transformers assisted generation, int4 assistant",
-        "T=1 ours chain rejection, confidence + vocab 32768 + int4 weights + 3 guesses"}  # fmt: skip
-
-
-def test_the_temperature_1_run_of_the_context_default_is_the_context_protocol_sampled_with_the_default_only():
-    settings, out = perf_settings(LIKE + " --configs confidence:32768+context:int4:3 --temperatures 1")
-    protocol, _ = perf_settings(LIKE_CONTEXT_T0)
-    assert settings == replace(protocol, temperatures=(1.0,), configurations=protocol.configurations[:1])
-    assert out == Path("perf_context_t1")
-    assert {method.name for method in methods_for(settings)} == {
-        "T=1 ours AR baseline", "T=1 transformers assisted generation, int4 assistant",
-        "T=1 ours chain rejection, confidence + vocab 32768 + context tokens + int4 weights + 3 guesses"}  # fmt: skip
+        f"T=1 ours chain rejection, {chain}"}  # fmt: skip
 
 
 def test_the_unseen_prompts_run_times_each_tasks_next_ten_prompts_with_the_default_and_the_gain_stop():
