@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from mars_bench.bench.summary import disturbed_note, disturbed_rows
+from mars_bench.bench.summary import CUT_MARK, cut_note, disturbed_note, disturbed_rows, finished
 from mars_bench.files import atomic_replace
 
 from . import acceptance, batching, fidelity, figures
-from .cells import INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups
+from .cells import INCLUDE_CUT, INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups
 from .gather import Gathered, NoRecordsError, gather_runs
 from .quality import quality_table
 from .runs import POOL_REPEATS, Pooled, pooled_settings, repeats
-from .tables import table1, table1_notes, to_latex, to_markdown
+from .tables import latex_notes, table1, table1_notes, to_latex, to_markdown
 
 DESCRIPTIONS = {
     "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, run_folders (the "
@@ -124,18 +124,23 @@ def settings_shown(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_all(
-    frame: pd.DataFrame, out: Path, include_disturbed: bool = False, costs: batching.BatchCosts | None = None
+    frame: pd.DataFrame,
+    out: Path,
+    include_disturbed: bool = False,
+    costs: batching.BatchCosts | None = None,
+    include_cut: bool = False,
 ) -> Report:
     """Every artefact the records support; ``include_disturbed``: the speedups count rows whose timing
     other processes disturbed (the tables still count them in ``disturbed``); ``costs``: the forward
-    costs at batch B, for the batching table's predictions."""
+    costs at batch B, for the batching table's predictions; ``include_cut``: score changes count the prompts
+    whose answers were cut at the token budget too (left out by default)."""
     report = Report(out)
     write_parquet(frame, out / "records.parquet")
     runs = frame["run_dir"].nunique()
     report.lines.append(f"- [records.parquet](records.parquet): all {counted(len(frame), 'record')}, gathered from "
                         f"{counted(runs, 'run folder')}.")  # fmt: skip
     try:
-        summary = method_summary(frame, include_disturbed)
+        summary = method_summary(frame, include_disturbed, include_cut)
     except NotEnoughData as reason:
         report.skipped.append(f"- every speed table and figure: skipped, {reason}.")
         summary = None
@@ -145,19 +150,44 @@ def write_all(
 
         def write_table1() -> list[str]:
             table = table1(frame, summary)
-            notes = table1_notes(summary)
-            (out / "table1.md").write_text("\n".join([to_markdown(table), *(["", *notes] if notes else [])]) + "\n")
-            (out / "table1.tex").write_text(to_latex(table))
+            notes = table1_notes(summary, include_cut)
+            (out / "table1.md").write_text("\n".join([to_markdown(table), "", *notes]) + "\n")
+            (out / "table1.tex").write_text(to_latex(table) + latex_notes(notes))
             return ["table1.md", "table1.tex"]
 
         report.make("table1", write_table1)
         report.make("threshold ablation", lambda: [figures.threshold_ablation(summary, out / "threshold_ablation.png").name])
         report.make("pareto", lambda: [figures.pareto(summary, out / "pareto.png").name])
-    report.make("quality", lambda: report.table("quality", quality_table(frame), {"p_value": "{:.3f}", "prompts": "{}"}))
+    report.make("quality", lambda: write_quality(frame, report, include_cut))
     write_acceptance(frame, report)
     write_fidelity(frame, report, include_disturbed)
     report.make("batching", lambda: write_batching(frame, report, costs, include_disturbed))
     return report
+
+
+def write_quality(frame: pd.DataFrame, report: Report, include_cut: bool) -> list[str]:
+    """The quality table; under it, where cut answers were left out of (or counted in) a difference, the footnote."""
+    table = quality_table(frame, include_cut)
+    names = report.table("quality", table, {"p_value": "{:.3f}", "prompts": "{}", "finished": "{}", "answers": "{}",
+                                            "left_out": "{}", "cut": "{}"})  # fmt: skip
+    if (table["left_out"] > 0).any() or (table["cut"] > 0).any():
+        shown = table.assign(left_out=[f"{n}{CUT_MARK}" if n else "0" for n in table["left_out"]],
+                             cut=[f"{n}{CUT_MARK}" if n else "0" for n in table["cut"]])  # fmt: skip
+        markdown = to_markdown(shown, {"p_value": "{:.3f}", "prompts": "{}", "finished": "{}", "answers": "{}"})
+        (report.out / "quality.md").write_text(markdown + "\n\n" + cut_note(include_cut, INCLUDE_CUT) + "\n")
+    return names
+
+
+def answers_line(frame: pd.DataFrame) -> str | None:
+    """What index.md says about the answers' endings: how many finished, how many the budget cut (marked)."""
+    ok = finished(frame)
+    known = ok["finished"].dropna()
+    if known.empty:
+        return None
+    done = sum(bool(value) for value in known)
+    cut = len(known) - done
+    line = f"Answers: {done} of {len(known)} ended on a stop token or string"
+    return line + (f"; {cut} were cut at max_new_tokens{CUT_MARK}, and scores over them are marked." if cut else ".")
 
 
 BATCHING_FORMATS = {"speedup": "{:.3f}", "latency_speedup": "{:.3f}", "predicted_speedup": "{:.3f}",
@@ -326,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT})")
     parser.add_argument(INCLUDE_DISTURBED, action="store_true",
                         help="count rows timed while other processes used the machine in the speedups")  # fmt: skip
+    parser.add_argument(INCLUDE_CUT, action="store_true",
+                        help="count prompts whose answers were cut at the token budget in the score changes")  # fmt: skip
     parser.add_argument(POOL_REPEATS, action="store_true",
                         help="pool run folders that measured the same prompts of one setting (refused without it)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -347,12 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     disturbed = disturbed_line(frame, args.include_disturbed)
-    report = write_all(frame, out, args.include_disturbed, batching.find_costs(args.folders))
+    report = write_all(frame, out, args.include_disturbed, batching.find_costs(args.folders), args.include_cut)
+    answers = answers_line(frame)
     for note in report.notes:
         print(f"analysis: {note}", file=sys.stderr)
     notes = [f"{note[0].upper()}{note[1:]}." for note in report.notes]
     index = ["# Analysis", "", f"Made by `{typed_command(argv, args.folders)}`.", "",
              *folder_lines(gathered, pooled, args.folders), *([disturbed, ""] if disturbed else []),
+             *([answers, ""] if answers else []),
              *([*notes, ""] if notes else []), *report.lines]  # fmt: skip
     if report.skipped:
         index += ["", "Not made from these records:", "", *report.skipped]

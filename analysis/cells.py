@@ -22,6 +22,7 @@ MISSING = object()  # a key one setting of a name has and another lacks
 SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting", "conditions"]
 BASELINE_IDENTITY = ["model", *BASELINE_CONDITIONS]  # rows that agree on these and on the prompt have one baseline
 INCLUDE_DISTURBED = "--include-disturbed"  # the analysis's option that counts disturbed rows in the speedups
+INCLUDE_CUT = "--include-cut"  # the analysis's option that counts cut answers in the score changes
 
 
 class NotEnoughData(ValueError):
@@ -71,29 +72,30 @@ def baseline_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired(frame: pd.DataFrame) -> pd.DataFrame:
-    """Method rows with the baseline of their own run folder, baseline identity and prompt (columns ``*_base``)."""
+    """Method rows with the baseline of their own run folder, baseline identity and prompt (columns ``*_base``,
+    NaN where a prompt has none: an ``accuracy_only`` run has scores and no speed)."""
     ok = finished(frame)
-    pairs = pair_with_baseline(method_rows(frame), ok[ok["method"] == BASELINE], ["run_dir", *BASELINE_IDENTITY, *PROMPT])
-    if pairs.empty:
-        raise NotEnoughData("no run folder has both baseline and method rows for the same prompt")
-    return pairs
+    keys = ["run_dir", *BASELINE_IDENTITY, *PROMPT]
+    return pair_with_baseline(method_rows(frame), ok[ok["method"] == BASELINE], keys, how="left")
 
 
-def method_summary(frame: pd.DataFrame, include_disturbed: bool = False) -> pd.DataFrame:
+def method_summary(frame: pd.DataFrame, include_disturbed: bool = False, include_cut: bool = False) -> pd.DataFrame:
     """One row per setting: prompts, run_folders (how many run folders they came from: analysis/runs.py),
     disturbed (the prompts whose timing other processes disturbed: left out of the speedup, counted in
     it with ``include_disturbed``), speedup [CI] and, where it is missing, ``speedup_note`` (why), tau,
     acceptance, trigger rate, score [CI]; and ``margin_over_0.9``, the share of verified positions
     whose recorded margin z2 / z1 lies in (0.9, 1], i.e. where the paper's rule at theta 0.9 would have
     relaxed: computed from the margins for every verifier, strict ones included (a counterfactual, not
-    what the verifier did)."""
+    what the verifier did). ``finished`` of ``answers`` ended on a stop (``finished_share``); the score change
+    against the baseline counts the prompts where both answers finished (every one with ``include_cut``)."""
     pairs = paired(frame)
     out = []
     for key, rows in pairs.groupby(SETTING, dropna=False, sort=True):
         rows = rows.drop_duplicates(["run_dir", *PROMPT])
         margins = pd.to_numeric(pd.Series([m for row in rows["margins"] for m in row], dtype=object))
         counterfactual = ((margins > 0.9) & (margins <= 1.0)).mean() if len(margins) else float("nan")
-        summary = summarise_paired(rows, include_disturbed)
+        summary = summarise_paired(rows, include_disturbed, include_cut)
+        summary["finished_share"] = summary["finished"] / summary["answers"] if summary["answers"] else float("nan")
         out.append({**dict(zip(SETTING, key)), "label": rows["label"].iloc[0], "prompts": summary.pop("prompts"),
                     "run_folders": rows["run_dir"].nunique(), **summary, "margin_over_0.9": counterfactual})  # fmt: skip
     summary = pd.DataFrame(out)

@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from mars_bench.bench.summary import CUT_MARK  # noqa: E402
 from mars_bench.strict_rule import strict_verifier  # noqa: E402
 
 from .cells import NotEnoughData, missing_speedups  # noqa: E402
@@ -126,7 +127,10 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def pareto(summary: pd.DataFrame, path: Path) -> Path:
-    """Score against speedup for every verifier and theta, one panel per task; the front joined."""
+    """Score against speedup for every verifier and theta, one panel per task; the front joined. A point's
+    vertical bar is the paired 95% CI of its score change against its baseline (prompts where both answers
+    finished), placed at its score, where it has one; else the bootstrap CI of its score. Each label says
+    how many of the setting's answers finished, marked where some were cut at the budget."""
     scored = summary.dropna(subset=["score", "speedup"])
     if scored.empty and summary["speedup"].isna().all():
         raise NotEnoughData(missing_speedups(summary))
@@ -141,10 +145,13 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path:
             one = rows.loc[[row.name]]  # a CI that collapses onto its point may lie a rounding error beyond it
             axis.errorbar(row["speedup"], row["score"], marker=marker, color="tab:blue" if marker == "o" else "tab:red",
                           xerr=_error_bars(one["speedup"], one["speedup_ci_low"], one["speedup_ci_high"]),
-                          yerr=_error_bars(one["score"], one["score_ci_low"], one["score_ci_high"]),
+                          yerr=_error_bars(one["score"], *_score_bar(one)),
                           alpha=0.5, capsize=2)  # fmt: skip
             below = marker == "s"  # other verifiers labelled under their point, thetas above: fewer overlaps
             text = row["label"] if below or pd.isna(row["theta"]) else f"θ={row['theta']:g}"
+            if row.get("answers"):
+                cut = " " + CUT_MARK if row["finished"] < row["answers"] else ""
+                text += f" ({int(row['finished'])}/{int(row['answers'])} finished{cut})"
             axis.annotate(text, (row["speedup"], row["score"]),
                           fontsize=7, xytext=(4, -10 if below else 4), textcoords="offset points")  # fmt: skip
         front = pareto_front(rows)
@@ -157,8 +164,19 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path:
         axis.plot([], [], "o", color="tab:blue", label="mars at theta")
         axis.plot([], [], "s", color="tab:red", label="other verifiers")
         axis.legend(fontsize=7)
-    figure.suptitle(f"Speed against quality (bars: bootstrap 95% CI)\n{_title(scored)}", fontsize=9)
+    figure.suptitle(f"Speed against quality (bars: speedup bootstrap 95% CI; score: paired 95% CI of the change against "
+                    f"the baseline over prompts where both answers finished, {CUT_MARK}: some answers cut at the budget)"
+                    f"\n{_title(scored)}", fontsize=9)  # fmt: skip
     return _save(figure, path)
+
+
+def _score_bar(one: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The low and high end of a point's score bar: its score shifted by the paired CI of its change against
+    the baseline, where it has one; else its score's own bootstrap CI."""
+    if "score_change" in one and one["score_change"].notna().all():
+        shift = one["score"] - one["score_change"]
+        return shift + one["score_change_ci_low"], shift + one["score_change_ci_high"]
+    return one["score_ci_low"], one["score_ci_high"]
 
 
 def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:

@@ -4,6 +4,10 @@ verifier on the same prompts, a bootstrap 95% CI of that difference and a paired
 The strict verifier is ``mars_bench.strict_rule.strict_verifier`` of the temperature. Where a
 sweep did not run it, the autoregressive baseline stands in: it samples the target's own
 distribution, which the strict rule preserves, so the comparison means the same thing.
+
+A score over an answer cut at the token budget measures the budget too: the difference counts only the
+prompts where both answers finished (``left_out``: the pairs a cut answer left out), unless
+``include_cut`` counts them (``cut``: how many of the counted pairs hold a cut answer, marked ``†``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from mars_bench.bench.stats import bootstrap_mean_ci, paired_permutation_p
+from mars_bench.bench.summary import cut_answers
 from mars_bench.strict_rule import strict_verifier
 
 from .cells import PROMPT, NotEnoughData, baseline_rows, method_rows
@@ -18,7 +23,7 @@ from .cells import PROMPT, NotEnoughData, baseline_rows, method_rows
 GROUP = ["model", "drafter", "task", "temperature", "conditions"]
 
 
-def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
+def quality_table(frame: pd.DataFrame, include_cut: bool = False) -> pd.DataFrame:
     """One row per (model, drafter, task, temperature, conditions, method) with a score; a method is
     compared with the baselines of its own baseline conditions only."""
     methods = method_rows(frame).dropna(subset=["score"])
@@ -33,13 +38,21 @@ def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
         candidates = pd.concat([group, base[same]]).drop_duplicates(["label", *PROMPT])
         strict = strict_verifier(temperature)
         reference = strict if (candidates["label"] == strict).any() else "baseline"
-        ref_scores = candidates[candidates["label"] == reference][[*PROMPT, "score"]]
+        ref_scores = candidates[candidates["label"] == reference][[*PROMPT, "score", "finished"]]
         for label, rows in candidates.groupby("label", sort=True):
             if label == reference:
                 continue
-            pairs = rows[[*PROMPT, "score"]].merge(ref_scores, on=PROMPT, suffixes=("", "_ref"))
+            pairs = rows[[*PROMPT, "score", "finished"]].merge(ref_scores, on=PROMPT, suffixes=("", "_ref"))
             if pairs.empty:
                 continue
+            cut = cut_answers(pairs["finished"]) | cut_answers(pairs["finished_ref"])
+            finished = int(sum(bool(value) for value in pairs["finished"].dropna()))
+            counted = pairs if include_cut else pairs[~cut]
+            if counted.empty:
+                out.append({**dict(zip(GROUP, key)), "method": label, "prompts": 0, "finished": finished,
+                            "answers": len(pairs), "left_out": int(cut.sum()), "cut": 0, "reference": reference})  # fmt: skip
+                continue
+            pairs = counted
             differences = pairs["score"] - pairs["score_ref"]
             low, high = bootstrap_mean_ci(differences)
             out.append(
@@ -47,6 +60,10 @@ def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
                     **dict(zip(GROUP, key)),
                     "method": label,
                     "prompts": len(pairs),
+                    "finished": finished,
+                    "answers": len(counted) + (0 if include_cut else int(cut.sum())),
+                    "left_out": 0 if include_cut else int(cut.sum()),
+                    "cut": int(cut.sum()) if include_cut else 0,
                     "score": pairs["score"].mean(),
                     "reference": reference,
                     "reference_score": pairs["score_ref"].mean(),
@@ -56,4 +73,6 @@ def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
                     "p_value": paired_permutation_p(differences),
                 }
             )
+    if not out:
+        raise NotEnoughData("no method has a strict verifier's or a baseline's scores on the same prompts to compare with")
     return pd.DataFrame(out)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mars_bench.bench.summary import CUT_MARK, cut_note
+
 from .cells import method_summary, setting_name
 
 ROWS = ["model", "drafter", "temperature", "label"]
-METRICS = ("speedup", "tau", "tau_request_mean")  # per task, in this order
+METRICS = ("speedup", "tau", "tau_request_mean", "finished_share")  # per task, in this order
 
 
 def table1(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -26,15 +28,37 @@ def table1(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataF
     return wide.rename_axis(index={"label": "method", "temperature": "T"})
 
 
-def table1_notes(summary: pd.DataFrame) -> list[str]:
-    """What table1.md says under the table about its empty cells (``summary``: method_summary's table):
-    why each setting without a speedup has none, and that a Mean is empty where a task is."""
+def table1_notes(summary: pd.DataFrame, include_cut: bool = False) -> list[str]:
+    """What table1.md says under the table (``summary``: method_summary's table): what ``finished_share``
+    is, each setting whose answers were cut at the token budget (marked), why each setting without a
+    speedup has none, and that a Mean is empty where a task is."""
+    lines = ["finished_share: the share of the method's answers that ended on a stop token or string, not at "
+             "max_new_tokens."]  # fmt: skip
+    lines += cut_lines(summary, include_cut)
     missing = summary[summary["speedup"].isna()]
     if missing.empty:
-        return []
-    lines = ["`-`: no value. Where a speedup is missing:", ""]
+        return lines
+    lines += ["", "`-`: no value. Where a speedup is missing:", ""]
     lines += [f"- {setting_name(row)}: {row['speedup_note']}" for _, row in missing.iterrows()]
     return [*lines, "", "A Mean is empty where one of its tasks is."]
+
+
+def cut_lines(summary: pd.DataFrame, include_cut: bool = False) -> list[str]:
+    """One line per setting with answers cut at the token budget (``CUT_MARK``), then the footnote; none without."""
+    cut = summary[summary["finished"] < summary["answers"]]
+    if cut.empty:
+        return []
+    lines = [f"- {setting_name(row)}: {int(row['answers'] - row['finished'])} of {int(row['answers'])} answers cut{CUT_MARK}"
+             for _, row in cut.iterrows()]  # fmt: skip
+    return ["", *lines, "", cut_note(include_cut, "--include-cut")]
+
+
+def latex_notes(lines: list[str]) -> str:
+    """``lines`` under a LaTeX table, as a small paragraph (``CUT_MARK`` as LaTeX's dagger)."""
+    text = " ".join(line.strip("- ") for line in lines if line.strip()).replace("`", "")
+    for plain, escaped in (("\\", "\\textbackslash{}"), ("_", "\\_"), ("%", "\\%"), ("&", "\\&"), ("#", "\\#")):
+        text = text.replace(plain, escaped)
+    return "\\par{\\footnotesize " + text.replace(CUT_MARK, "\\textsuperscript{\\dag}") + "}\n"
 
 
 def to_markdown(table: pd.DataFrame, formats: dict[str, str] | None = None) -> str:

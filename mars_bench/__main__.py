@@ -63,7 +63,7 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
         if multirun:
             return  # the sweep goes on; SweepReport counts the failure at the end
         raise SystemExit(2) from None
-    print(write_summary(rows, folder, cfg.include_disturbed))
+    print(write_summary(rows, folder, cfg.include_disturbed, cfg.include_cut))
     print(f"records: {folder / 'records.jsonl'}")
     failures = failure_line(rows)
     if failures:

@@ -129,6 +129,7 @@ VerifierConfig, VERIFIER_SCHEMAS = settings_schema(
 @dataclass
 class TaskConfig:
     name: str = "humaneval"
+    dataset: str | None = None  # the benchmark whose questions the hub and package sources serve; null: name
     file: str = "humaneval/question.jsonl"  # absolute, or relative to data_dir
     sources: list[str] = field(default_factory=lambda: ["file", "hub", "package"])  # tried in this order
     num_prompts: int | None = 10  # the first N questions; null = all
@@ -137,6 +138,12 @@ class TaskConfig:
     scorer: str | None = None
     judge_model: str | None = None  # for scorer=judge: any causal LM, by Hub id or folder
     judge_max_new_tokens: int = 512
+    # The prompt format (tasks/prompting.py): each user turn wrapped in `instruction` ({question}: the turn less
+    # drop_prefix), the reply begun with answer_prefix in the prompt, answers ended at stop_strings too.
+    instruction: str | None = None
+    drop_prefix: str = ""
+    answer_prefix: str = ""
+    stop_strings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -165,6 +172,11 @@ class RunConfig:
     disturbed_gpu_util: float = 10.0
     retry_disturbed: int = 0  # re-time a disturbed row up to this many times, each once the machine is idle
     include_disturbed: bool = False  # count disturbed rows in the run's speedups (left out by default)
+    # Scores without speed (experiment=accuracy): the method alone, no paired baseline, no warm-up, untimed.
+    # A lossless verifier scores the target itself; a lossy one only with lossy_accuracy=true (its own accuracy).
+    accuracy_only: bool = False
+    lossy_accuracy: bool = False
+    include_cut: bool = False  # score changes against the baseline count prompts whose answers were cut at the budget too
 
 
 CPU_PLACEMENTS = (None, "cpu")  # model.device_map values that keep the target on the CPU
@@ -443,6 +455,20 @@ def check_slurm_sweep(overrides: list[str]) -> None:
             )
 
 
+def check_accuracy_mode(cfg: Any) -> None:
+    """Refuse, in one line, ``accuracy_only`` with a lossy verifier unless ``lossy_accuracy`` asks for its accuracy."""
+    if cfg.accuracy_only and not get_verifier(cfg.verifier.name).lossless and not cfg.lossy_accuracy:
+        raise ValueError(
+            f"verifier={cfg.verifier.name} is lossy: accuracy_only scores the target through a lossless verifier "
+            f"(allowed: {', '.join(lossless_verifiers())}); add lossy_accuracy=true to score {cfg.verifier.name}'s own answers"
+        )
+
+
+def lossless_verifiers() -> list[str]:
+    """The registered verifiers that emit exactly what the target alone would."""
+    return [name for name in available_verifiers() if get_verifier(name).lossless]
+
+
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
@@ -454,6 +480,7 @@ def check_run_config(cfg: Any) -> None:
 
         check_batch_drafter(cfg.drafter.name)
     check_tree_judges(cfg.drafter.name, shadow_verifiers(cfg))
+    check_accuracy_mode(cfg)
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
     parse_dtype(cfg.model.dtype)
@@ -466,9 +493,11 @@ def check_run_config(cfg: Any) -> None:
     if cfg.task.num_prompts is not None and cfg.task.num_prompts < 1:
         raise ValueError(f"task.num_prompts={cfg.task.num_prompts} is invalid: allowed is an integer >= 1 or null (all)")
     from mars_bench.tasks import SCORERS
+    from mars_bench.tasks.prompting import check_prompting
     from mars_bench.tasks.providers import check_task
 
     check_task(cfg.task)
+    check_prompting(cfg.task)
 
     if cfg.task.scorer is not None and cfg.task.scorer not in (*SCORERS, "judge"):
         raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))}, judge or null")

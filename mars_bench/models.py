@@ -134,16 +134,33 @@ def stop_token_ids(loaded: LoadedModel) -> list[int]:
 
 
 def chat_prompt_ids(
-    tokenizer: Any, turns: list[str] | list[dict[str, str]], system_prompt: str | None = None, **template_kwargs: Any
+    tokenizer: Any,
+    turns: list[str] | list[dict[str, str]],
+    system_prompt: str | None = None,
+    answer_prefix: str = "",
+    **template_kwargs: Any,
 ) -> list[int]:
     """Token ids of a chat prompt ending in the assistant's generation prompt.
 
     ``turns``: user messages (strings) or whole chat messages ({"role", "content"} dicts).
+    ``answer_prefix``: text the assistant's reply begins with, placed in the prompt (the model goes on
+    from it: EvalPlus's chat format opens a code fence there). The reply is rendered by the chat template
+    with a marker after the prefix and cut at the marker, so the prefix sits exactly where the template
+    puts a reply (with its trailing whitespace, which ``continue_final_message`` would strip).
     ``template_kwargs`` go to the chat template (e.g. enable_thinking=False for Qwen3).
     """
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages += [turn if isinstance(turn, dict) else {"role": "user", "content": turn} for turn in turns]
+    if answer_prefix:
+        reply = {"role": "assistant", "content": answer_prefix + REPLY_MARKER}
+        text = tokenizer.apply_chat_template([*messages, reply], tokenize=False, **template_kwargs)
+        if REPLY_MARKER not in text:
+            raise ValueError("task.answer_prefix is invalid for this model: its chat template does not render the reply")
+        return list(tokenizer(text.split(REPLY_MARKER)[0], add_special_tokens=False)["input_ids"])
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **template_kwargs)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+REPLY_MARKER = "\u2063<answer goes on here>\u2063"  # where a prefilled reply is cut (text no prompt holds)

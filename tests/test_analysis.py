@@ -60,7 +60,8 @@ def test_table1_cells_equal_hand_computed_values(sweep):
     assert row[("humaneval", "tau")] == pytest.approx((99 + 50) / (24 + 10))  # the failed row is left out
     assert row[("humaneval", "tau_request_mean")] == pytest.approx((99 / 24 + 50 / 10) / 2)  # beside it: per request
     assert row[("Mean", "tau_request_mean")] == pytest.approx(((99 / 24 + 50 / 10) / 2 + 79 / 19) / 2)
-    assert [metric for task, metric in table.columns if task == "gsm8k"] == ["speedup", "tau", "tau_request_mean"]
+    assert [metric for task, metric in table.columns if task == "gsm8k"] == ["speedup", "tau", "tau_request_mean",
+                                                                              "finished_share"]  # fmt: skip
     assert row[("gsm8k", "speedup")] == pytest.approx(4.0)
     assert row[("Mean", "speedup")] == pytest.approx(((151 / 7.0) / (151 / 15.0) + 4.0) / 2)
     assert "| qwen | model | 1.00 | mars |" in to_markdown(table)
@@ -244,7 +245,8 @@ def test_a_partial_sweep_makes_what_it_can_and_says_what_is_missing(tmp_path, ca
     out = tmp_path / "out"
     assert main([str(tmp_path / "half"), "--out", str(out)]) == 0
     index = (out / "index.md").read_text()
-    assert "every speed table and figure: skipped, no run folder has both baseline and method rows" in index
+    assert "(settings.md)" in index  # the method's rows alone make the settings table, without a speedup
+    assert "pareto: skipped, no speedup in any setting" in index
     assert "quality: skipped, no finished rows carry a score" in index
     assert "(alpha_per_depth.png)" in index  # what needs no baseline is still made
     assert "Traceback" not in capsys.readouterr().err

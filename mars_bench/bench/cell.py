@@ -22,11 +22,12 @@ from mars_bench.bench.contention import Contention, ContentionMeter
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.peak_memory import PeakMemory
 from mars_bench.bench.progress import TokenProgress
-from mars_bench.bench.records import BASELINE, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
+from mars_bench.bench.records import BASELINE, BUDGET, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
 from mars_bench.bench.run_folder import CELL_CLAIM, write_config
 from mars_bench.config import check_run_config, method_spec, shadow_verifiers
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.batched import decode_batch
+from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.drafting import drafter_needs_model
 from mars_bench.method import MethodSpec
 from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
@@ -34,6 +35,7 @@ from mars_bench.placement import input_device
 from mars_bench.settings import plugin_label, setting_string
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
+from mars_bench.tasks.prompting import cut_at_stop_string, task_stop_strings, user_text
 from mars_bench.tasks.providers import serve_questions
 from mars_bench.tasks.scoring import rouge_l
 from mars_bench.verification import Verifier
@@ -158,10 +160,12 @@ class Cell:
         self.models = load_models(cfg)
         self.target = self.models["target"]
         self.stops = stop_token_ids(self.target)
+        self.stop_strings = task_stop_strings(cfg.task)
         self.spec = method_spec(cfg)
         baseline = MethodSpec(sampling=self.spec.sampling)
-        self.methods = [Method(BASELINE, baseline, None, None),
-                        Method(cfg.verifier.name, self.spec, self.spec.build_verifier(), self.build_drafter())]  # fmt: skip
+        method = Method(cfg.verifier.name, self.spec, self.spec.build_verifier(), self.build_drafter())
+        # accuracy_only: the method alone, untimed (no baseline to pair a speed with, no warm-up, no contention)
+        self.methods = [method] if cfg.accuracy_only else [Method(BASELINE, baseline, None, None), method]
         self.scorer = self.build_scorer()
         self.shadows = shadow_verifiers(cfg)
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
@@ -184,7 +188,8 @@ class Cell:
     def decode_settings(self, method: Method, max_new_tokens: int | None) -> dict[str, Any]:
         """The arguments ``decode`` and ``decode_batch`` share for ``method``: budget, stops, shadows, fidelity, method."""
         cfg, judged = self.cfg, method.verifier is not None
-        return {"max_new_tokens": max_new_tokens or cfg.max_new_tokens, "stop_token_ids": self.stops,
+        stop_when = StopStrings(self.target.tokenizer, self.stop_strings) if self.stop_strings else None
+        return {"max_new_tokens": max_new_tokens or cfg.max_new_tokens, "stop_token_ids": self.stops, "stop_when": stop_when,
                 "shadow": list(self.shadows.values()) if judged else (), "fidelity": cfg.fidelity and judged,
                 **method.spec.decode_kwargs()}  # fmt: skip
 
@@ -199,11 +204,14 @@ class Cell:
         settings = self.decode_settings(method, max_new_tokens)
         return decode_batch(self.target.model, method.drafter, method.verifier, prompts, seeds=seeds, **settings)
 
-    def timed(self, decode_now: Callable[[], Any]) -> tuple[Any, Contention, int]:
+    def timed(self, decode_now: Callable[[], Any]) -> tuple[Any, Contention | None, int]:
         """``decode_now()`` while measuring what other processes used; a disturbed decode is timed again
         (the same seeds, so the same tokens), each time once the machine is idle, up to ``retry_disturbed``
-        times. Returns the last decode's result, its contention and how many times it was timed again."""
+        times. Returns the last decode's result, its contention and how many times it was timed again
+        (with ``accuracy_only``: the one decode, unmeasured, contention None)."""
         cfg, retimed = self.cfg, 0
+        if cfg.accuracy_only:
+            return decode_now(), None, 0
         while True:
             self.meter.start()
             self.memory.start()
@@ -215,8 +223,10 @@ class Cell:
             retimed += 1
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        kwargs = dict(self.cfg.model.chat_template_kwargs or {})
-        return chat_prompt_ids(self.target.tokenizer, messages, self.cfg.task.system_prompt, **kwargs)
+        """The chat prompt of ``messages`` in the task's prompt format (``tasks/prompting.py``)."""
+        task, kwargs = self.cfg.task, dict(self.cfg.model.chat_template_kwargs or {})
+        shaped = [{**m, "content": user_text(task, m["content"])} if m["role"] == "user" else m for m in messages]
+        return chat_prompt_ids(self.target.tokenizer, shaped, task.system_prompt, task.answer_prefix, **kwargs)
 
     def planned(self) -> list[tuple[str, int, str]]:
         """The key of every row the cell writes: (question, turn, method)."""
@@ -253,7 +263,7 @@ class Cell:
         planned = self.planned()
         kept = [self.writer.rows[key] for key in planned if self.writer.has(key)]
         with TokenProgress(len(planned), self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
-            if len(kept) < len(planned):
+            if len(kept) < len(planned) and not self.cfg.accuracy_only:
                 self.warm_up()
             if self.cfg.batch_size > 1:
                 run_batches(self, bar)
@@ -346,8 +356,10 @@ class Cell:
         self.score(record, question, turn, answers)
         return record
 
-    def add_contention(self, record: Record, contention: Contention, retimed: int) -> None:
-        """What other processes used while the record's decode (its batch's) was timed."""
+    def add_contention(self, record: Record, contention: Contention | None, retimed: int) -> None:
+        """What other processes used while the record's decode (its batch's) was timed (None: not measured)."""
+        if contention is None:
+            return
         disturbed = contention.disturbed(self.cfg.disturbed_load, self.cfg.disturbed_gpu_util)
         for name, value in {**contention.to_record(), "disturbed": disturbed, "retimed": retimed}.items():
             setattr(record, name, value)
@@ -362,7 +374,7 @@ class Cell:
         self, question: Question, turn: int, method: Method, prompt: list[int], result: DecodeResult, batch: dict[str, Any]
     ) -> Record:
         """The record of one decoded turn; ``batch``: its batch fields (``batch_fields``)."""
-        answer = self.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        answer = cut_at_stop_string(self.target.tokenizer.decode(result.tokens, skip_special_tokens=True), self.stop_strings)
         cfg = self.cfg
         phases = result.phase_seconds()
         accepted, reached = result.accepted_per_depth()
@@ -404,6 +416,7 @@ class Cell:
             tokens_per_s=result.tokens_per_s,
             **batch,
             stop_reason=result.stop_reason,
+            finished=result.stop_reason != BUDGET,
             output_ids=result.tokens,
             output_text=answer,
         )

@@ -19,7 +19,8 @@ from typing import Any
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
-SCHEMA_VERSION = 9  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
+SCHEMA_VERSION = 10  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
@@ -28,6 +29,7 @@ SCHEMA_VERSION = 9  # 2: shadow_accepted, baseline_from, draft_length; 3: drafte
 # 8: batch_size (a baseline condition), batch_id, batch_rows, batch_s, finish_s (rows decoded B at a time)
 # 9: step_drafted, step_draft_s, step_target_s (per step: what the cost model at batch B needs, analysis/batching.py),
 #    peak_memory_mb
+# 10: finished (the answer ended on a stop token or string, not at the token budget)
 RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has now (readers: analysis/gather.py)
 
 # What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
@@ -117,7 +119,8 @@ class Record:
     peak_memory_mb: float | None = None  # the process's peak memory while the row (its batch) was timed, weights included
     disturbed: bool = False  # timed while others used more than the run's thresholds: left out of speedups by default
     retimed: int = 0  # how often this row was decoded again because its timing was disturbed (retry_disturbed)
-    stop_reason: str = ""
+    stop_reason: str = ""  # stop_token | stop_string | max_new_tokens (BUDGET)
+    finished: bool | None = None  # ended on a stop token or stop string; False: cut at max_new_tokens (None: schema < 10)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     agreement: float | None = None  # share of positions equal to the baseline's output

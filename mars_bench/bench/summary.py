@@ -14,8 +14,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mars_bench.bench.records import BASELINE
-from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
+from mars_bench.bench.records import BASELINE, BUDGET
+from mars_bench.bench.stats import (
+    bootstrap_mean_ci,
+    bootstrap_ratio_ci,
+    mean_rate_ratio,
+    paired_permutation_p,
+    throughput_ratio,
+)
 from mars_bench.token_counts import emitted_tokens
 
 PROMPT = ["question_id", "turn"]
@@ -38,7 +44,39 @@ def finished(frame: pd.DataFrame) -> pd.DataFrame:
         ok.loc[batched, "seconds"] = ok.loc[batched, "batch_s"] / ok.loc[batched, "batch_rows"]
     ok["emitted"] = emitted_tokens(ok["new_tokens"])
     ok["disturbed"] = ok["disturbed"].fillna(False).astype(bool) if "disturbed" in ok else False
+    ok["finished"] = answer_finished(ok)
     return ok
+
+
+def answer_finished(rows: pd.DataFrame) -> pd.Series:
+    """Per row, whether its answer ended on a stop token or string (True) or was cut at the token budget
+    (False): the record's ``finished``, else (rows of schema 9 and older) its ``stop_reason``; None where
+    neither says."""
+    reason = rows["stop_reason"] if "stop_reason" in rows else pd.Series("", index=rows.index)
+    derived = [(value != BUDGET) if isinstance(value, str) and value else None for value in reason]
+    recorded = rows["finished"] if "finished" in rows else pd.Series(None, index=rows.index)
+    return pd.Series([bool(r) if r is not None and not pd.isna(r) else d for r, d in zip(recorded, derived)],
+                     index=rows.index, dtype=object)  # fmt: skip
+
+
+def cut_answers(finished: pd.Series) -> pd.Series:
+    """Per row of a ``finished`` column: its answer was cut at the token budget (known, and not finished)."""
+    return finished.map(lambda value: value is not None and not pd.isna(value) and not value).astype(bool)
+
+
+def score_change(pairs: pd.DataFrame, include_cut: bool = False) -> dict[str, Any]:
+    """A method's score minus its baseline's on the same prompts (``pairs``: method rows with ``score_base``
+    and ``finished_base``), over the prompts where both answers finished (every scored pair with
+    ``include_cut``): the mean difference with its paired bootstrap 95% CI and permutation p-value, how
+    many prompts it rests on and how many pairs a cut answer left out."""
+    scored = pairs.dropna(subset=["score", "score_base"]) if "score_base" in pairs else pairs.iloc[:0]
+    cut = cut_answers(scored["finished"]) | cut_answers(scored["finished_base"]) if len(scored) else scored["score"] > 0
+    used = scored if include_cut else scored[~cut]
+    differences = used["score"] - used["score_base"]
+    low, high = bootstrap_mean_ci(differences)
+    return {"score_change": differences.mean() if len(differences) else np.nan, "score_change_ci_low": low,
+            "score_change_ci_high": high, "score_change_p": paired_permutation_p(differences) if len(differences) else np.nan,
+            "score_change_prompts": len(used), "score_change_cut": int(cut.sum())}  # fmt: skip
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -54,7 +92,7 @@ def tau_request_mean(rows: pd.DataFrame) -> float:
     return float((stepped["emitted"] / stepped["steps"]).mean()) if len(stepped) else np.nan
 
 
-def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dict[str, Any]:
+def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False, include_cut: bool = False) -> dict[str, Any]:
     """Speed, acceptance and quality of one method's rows (one per prompt), with the columns ``*_base``
     of the baseline row of the same prompt (NaN where that baseline failed or is missing).
 
@@ -63,6 +101,10 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
     ``include_disturbed``); tok/s uses the rows whose own timing was not disturbed (all with
     ``include_disturbed``); everything else uses every row. trigger_rate counts the rows whose
     verifier reports a trigger (``trigger_count`` not null): NaN for a verifier without one.
+    ``finished`` counts the answers that ended on a stop (of ``answers`` whose ending is known), ``scored_cut``
+    the scored answers cut at the token budget (a score over them measures the budget too); the score change
+    against the baseline (``score_change``) uses the prompts where both answers finished, or with
+    ``include_cut`` every scored pair (``score_change_cut``: the pairs a cut answer left out, or counted).
     """
     pairs = rows.dropna(subset=["seconds_base"])
     disturbed = pairs["disturbed"] | pairs["disturbed_base"].fillna(False).astype(bool)
@@ -75,6 +117,8 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
     low, high = bootstrap_ratio_ci(*speed) if some else (np.nan, np.nan)
     latency = timed["latency_s"]
     scores = rows["score"].dropna() if "score" in rows else pd.Series(dtype=float)
+    ending = rows["finished"].dropna()
+    scored_cut = int(cut_answers(rows.loc[rows["score"].notna(), "finished"]).sum()) if "score" in rows else 0
     score_low, score_high = bootstrap_mean_ci(scores)
     counted = rows[rows["trigger_count"].notna()] if "trigger_count" in rows else rows.iloc[:0]
     accepted = rows["accepted"].sum()
@@ -102,20 +146,59 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False) -> dic
         "score": scores.mean() if len(scores) else np.nan,
         "score_ci_low": score_low,
         "score_ci_high": score_high,
+        "answers": len(ending),
+        "finished": int(sum(bool(value) for value in ending)),
+        "scored_cut": scored_cut,
+        **score_change(rows, include_cut),
     }
 
 
 def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[str], how: str = "inner") -> pd.DataFrame:
-    """``methods`` with the ``new_tokens``, ``seconds`` and ``latency_s`` of the baseline row of the same ``on`` keys
+    """``methods`` with the ``new_tokens``, ``seconds``, ``latency_s``, ``score`` and ``finished`` of the baseline row
+    of the same ``on`` keys
     (``*_base``): only the rows that have one (``how="inner"``), or every row (``"left"``, NaN where none)."""
-    base = baselines[[*on, "new_tokens", "seconds", "latency_s", "disturbed"]]
+    quality = [column for column in ("score", "finished") if column in baselines]
+    base = baselines[[*on, "new_tokens", "seconds", "latency_s", "disturbed", *quality]]
     return methods.merge(base, on=on, suffixes=("", "_base"), how=how)
 
 
 TERMINAL = ["cell", "method", "verifier", "verifier_setting", "prompts", "disturbed", "tokens", "tok_per_s", "speedup",
             "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "speedup_note", "tau", "tau_request_mean", "relaxed",
-            "trigger_rate", "agreement", "score", "batch_size", "latency_mean_s", "latency_p50_s", "latency_p90_s",
-            "latency_speedup"]  # fmt: skip
+            "trigger_rate", "agreement", "score", "score_ci_low", "score_ci_high", "answers", "finished", "scored_cut",
+            "score_change", "score_change_ci_low", "score_change_ci_high", "score_change_p", "score_change_prompts",
+            "score_change_cut", "batch_size", "latency_mean_s", "latency_p50_s", "latency_p90_s", "latency_speedup"]  # fmt: skip
+CUT_MARK = "†"  # marks a score over answers cut at the token budget; cut_note says what it means
+
+
+def finished_text(finished: Any, answers: Any) -> str:
+    """``8/10`` (answers that ended on a stop of those whose ending is known); ``-`` where none is known."""
+    return f"{int(finished)}/{int(answers)}" if answers and not pd.isna(answers) else "-"
+
+
+def marked_score(score: Any, scored_cut: Any, pattern: str = "{:.3f}") -> str:
+    """A score as the tables show it: with ``CUT_MARK`` and how many answers were cut where it rests on some."""
+    if score is None or pd.isna(score):
+        return "-"
+    cut = int(scored_cut) if scored_cut is not None and not pd.isna(scored_cut) else 0
+    return pattern.format(score) + (f" ({cut} cut{CUT_MARK})" if cut else "")
+
+
+def cut_note(include_cut: bool = False, option: str = "include_cut=true") -> str:
+    """The footnote under a table with a score over cut answers."""
+    counted = (f"the score changes count them too ({option})" if include_cut
+               else f"score changes leave out every prompt where either answer was cut ({option} counts them)")  # fmt: skip
+    return (f"{CUT_MARK} cut: answers that reached max_new_tokens before a stop token or string; a score over them "
+            f"measures the token budget as much as the model (raise max_new_tokens); {counted}.")
+
+
+def change_text(row: dict[str, Any]) -> str:
+    """``-0.100 [-0.300, 0.100] (9 prompts, 1 cut)``: a method's score change against its baseline."""
+    change = row.get("score_change")
+    if change is None or pd.isna(change):
+        return "-"
+    cut = int(row.get("score_change_cut") or 0)
+    return (f"{change:+.3f} [{row['score_change_ci_low']:+.3f}, {row['score_change_ci_high']:+.3f}] "
+            f"({int(row['score_change_prompts'])} prompts" + (f", {cut} cut{CUT_MARK})" if cut else ")"))
 RUN_OPTION = "include_disturbed=true"  # how the app is told to count disturbed rows (the analysis: --include-disturbed)
 
 
@@ -142,7 +225,7 @@ def speedup_notes(summary: pd.DataFrame, option: str = RUN_OPTION) -> list[str]:
     return [speedup_note(speedup, disturbed, option) for speedup, disturbed in zip(summary["speedup"], summary["disturbed"])]
 
 
-def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd.DataFrame:
+def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False, include_cut: bool = False) -> pd.DataFrame:
     """One row per (cell, method) of a run's records. Prompts pair on (question_id, turn) within a cell;
     the baseline pairs with itself (speedup 1, agreement 1)."""
     frame = pd.DataFrame(rows)
@@ -153,7 +236,7 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False) -> pd
     for cell, cell_rows in frame.groupby("cell", sort=False):
         base = cell_rows[cell_rows["method"] == BASELINE]
         for method, group in cell_rows.groupby("method", sort=False):
-            summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed)
+            summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed, include_cut)
             if method == BASELINE:
                 summary |= {"agreement": 1.0, "trigger_rate": np.nan}
             setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
@@ -201,17 +284,19 @@ def disturbed_note(names: list[str], included: bool, option: str = RUN_OPTION, l
     return "\n".join([f"{count} timed while other processes used the machine (disturbed), {treatment}:", *shown])
 
 
-def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: bool = False) -> str:
+def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: bool = False, include_cut: bool = False) -> str:
     """A Markdown table for the terminal; then ``disturbed`` (the names of the rows other processes
     disturbed, from ``disturbed_rows``) with whether the speedups count them (``included``). The
     table's ``disturbed`` column counts the prompts each speedup leaves out (counts, with
-    ``include_disturbed``); a missing speedup gives its reason in its place (``speedup_note``)."""
+    ``include_disturbed``); a missing speedup gives its reason in its place (``speedup_note``). ``finished``
+    counts the answers that ended on a stop; a score over cut answers is marked (``cut_note``), and a method's
+    score change against its baseline counts the prompts where both finished (all with ``include_cut``)."""
     if summary.empty:
         return "no finished rows to summarise"
     lines = [
         "| cell | method | prompts | disturbed | tok/s | speedup [95% CI] | speedup (mean of rates) "
-        "| tau | tau (mean per request) | trigger rate | agreement | score |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tau | tau (mean per request) | trigger rate | agreement | finished | score | score change vs baseline [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, pattern: str = "{:.2f}") -> str:
@@ -222,7 +307,9 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
         lines.append(
             f"| {row['cell']} | {row['method']} | {row['prompts']} | {row['disturbed']} | {fmt(row['tok_per_s'])} | {ci} | "
             f"{fmt(row['speedup_mean_rate'], '{:.2f}x')} | {fmt(row['tau'])} | {fmt(row['tau_request_mean'])} | "
-            f"{fmt(row['trigger_rate'], '{:.3f}')} | {fmt(row['agreement'], '{:.3f}')} | {fmt(row['score'], '{:.3f}')} |"
+            f"{fmt(row['trigger_rate'], '{:.3f}')} | {fmt(row['agreement'], '{:.3f}')} | "
+            f"{finished_text(row['finished'], row['answers'])} | {marked_score(row['score'], row['scored_cut'])} | "
+            f"{change_text(row)} |"
         )
     if "batch_size" in summary and (summary["batch_size"] > 1).any():
         lines += ["", "Decoded in batches: throughput above is each batch's tokens over its wall time; per request:", "",
@@ -231,12 +318,14 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
         lines += [f"| {row['cell']} | {row['method']} | {row['batch_size']} | {fmt(row['latency_mean_s'])} | "
                   f"{fmt(row['latency_p50_s'])} | {fmt(row['latency_p90_s'])} | {fmt(row['latency_speedup'], '{:.2f}x')} |"
                   for row in summary.to_dict("records")]  # fmt: skip
+    if (summary["scored_cut"] > 0).any() or (summary["score_change_cut"] > 0).any():
+        lines += ["", cut_note(include_cut)]
     if disturbed:
         lines += ["", disturbed_note(list(disturbed), included)]
     return "\n".join(lines)
 
 
-def write_summary(rows: list[dict[str, Any]], folder: Path, include_disturbed: bool = False) -> str:
-    summary = summarise(rows, include_disturbed)
+def write_summary(rows: list[dict[str, Any]], folder: Path, include_disturbed: bool = False, include_cut: bool = False) -> str:
+    summary = summarise(rows, include_disturbed, include_cut)
     summary.to_csv(folder / SUMMARY_FILE, index=False)
-    return format_table(summary, disturbed_rows(pd.DataFrame(rows)), include_disturbed)
+    return format_table(summary, disturbed_rows(pd.DataFrame(rows)), include_disturbed, include_cut)

@@ -145,6 +145,12 @@ def data_dirs(data_dir: str | None) -> list[Path]:
     return [Path(c).expanduser() for c in candidates if c]
 
 
+def task_dataset(task: Any) -> str:
+    """The benchmark whose questions ``task`` asks (``task.dataset``, else its name): two prompt formats of one
+    benchmark are two tasks with one dataset."""
+    return getattr(task, "dataset", None) or task.name
+
+
 # Each provider gives the task's questions with their source, or says why it has none (for the error
 # that lists every source tried).
 
@@ -161,7 +167,7 @@ def from_file(task: Any, data_dir: str | None) -> QuestionSet | str:
 
 
 def from_hub(task: Any, data_dir: str | None) -> QuestionSet | str:
-    source = HUB.get(task.name)
+    source = HUB.get(task_dataset(task))
     if source is None:
         return "hub (no dataset id known for this task)"
     label = f"hub {source.id}" + (f"/{source.config}" if source.config else "") + f" split {source.split}"
@@ -177,9 +183,9 @@ def from_hub(task: Any, data_dir: str | None) -> QuestionSet | str:
 
 
 def from_package(task: Any, data_dir: str | None) -> QuestionSet | str:
-    if task.name == "humaneval":
+    if task_dataset(task) == "humaneval":
         return humaneval_from_package(task.num_prompts)
-    source = PACKAGES.get(task.name)
+    source = PACKAGES.get(task_dataset(task))
     if source is None:
         return "package (none pinned for this task)"
     from mars_bench.sources import SourceError

@@ -123,6 +123,38 @@ def humaneval_score(answer: str, question: Question, **context: object) -> float
     return float(run_python(program, SandboxLimits(timeout_s=10.0)).passed)
 
 
+def script_code(answer: str) -> str:
+    """The definitions of an answer that is a Python script (EvalPlus's chat format: the reply's code fence
+    is opened in the prompt): the text up to a closing fence, cut to its longest parsable prefix, keeping
+    only the top-level imports, functions, classes and assignments, as EvalPlus's sanitizer keeps the
+    solution's definitions and drops example calls and prints (parsed only: the code never runs here)."""
+    code = parsable_prefix(answer.split("```", 1)[0])
+    try:
+        module = ast.parse(code)
+    except SyntaxError:
+        return code
+    kept = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+    lines = code.splitlines()
+    parts = []
+    for node in module.body:
+        if isinstance(node, kept):
+            start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            parts.append("\n".join(lines[start - 1 : node.end_lineno]))
+    return "\n".join(parts) + "\n"
+
+
+def humaneval_script_score(answer: str, question: Question, **context: object) -> float | None:
+    """pass@1 of a self-contained script (``script_code``) against the problem's tests, in the sandbox; the
+    problem's prompt is not prepended, as EvalPlus runs a chat model's solution."""
+    from mars_bench.tasks.sandbox import SandboxLimits, humaneval_program, run_python
+
+    problem = humaneval_problems().get(int(question.question_id))
+    if problem is None:
+        return None
+    program = humaneval_program("", script_code(answer), problem["test"], problem["entry_point"])
+    return float(run_python(program, SandboxLimits(timeout_s=10.0)).passed)
+
+
 def pass_at_k(samples: int, correct: int, k: int) -> float:
     """Unbiased pass@k from ``samples`` attempts of which ``correct`` passed (Chen et al. 2021)."""
     if samples < k:
@@ -156,6 +188,7 @@ SCORERS: dict[str, Scorer] = {
     "gsm8k": gsm8k_score,
     "aime": aime_score,
     "humaneval": humaneval_score,
+    "humaneval_script": humaneval_script_score,
     "rouge_l": cnndm_score,
     "bleu": wmt19_score,
 }
