@@ -393,7 +393,7 @@ def test_runs_that_differ_only_in_max_new_tokens_neither_pool_nor_pair_across(tm
     summary = method_summary(frame).set_index("label")
     assert sorted(summary.index) == ["mars, max_new_tokens=12", "mars, max_new_tokens=24"]  # two settings, not one
     assert (summary["prompts"] == 2).all() and (summary["speedup"] == 2.0).all()
-    quality = quality_table(frame).set_index("method")  # each mars against the baseline of its own max_new_tokens
+    quality = quality_table(frame, include_cut=True).set_index("method")  # each mars vs the baseline of its own budget
     assert sorted(quality.index) == ["mars, max_new_tokens=12", "mars, max_new_tokens=24"]
     assert (quality["reference"] == "baseline").all() and (quality["prompts"] == 2).all()
     assert quality["reference_score"].to_dict() == {"mars, max_new_tokens=12": 0.0, "mars, max_new_tokens=24": 1.0}
@@ -436,7 +436,7 @@ def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(tiny_target
         assert done.returncode == 0, done.stderr
     frame = gather([long_run, short_run]).assign(disturbed=False)  # --include-disturbed: this machine is shared
     summary = method_summary(frame).set_index("label")
-    quality = quality_table(frame).set_index("method")
+    quality = quality_table(frame, include_cut=True).set_index("method")
     for run, tokens in ((long_run, 12), (short_run, 8)):
         label = f"mars, max_new_tokens={tokens}"
         alone = method_summary(gather([run]).assign(disturbed=False)).iloc[0]  # the run analysed by itself
