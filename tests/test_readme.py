@@ -207,6 +207,24 @@ def test_the_smoke_command(smoke_run):
     assert len(rows) == 4 and all(row["status"] == "ok" for row in rows)
 
 
+ACCURACY = "python -m mars_bench experiment=accuracy task=humaneval_evalplus"
+
+
+def test_an_accuracy_run_in_the_published_prompt_format_then_its_analysis(tmp_path, monkeypatch, tiny_target):
+    """The accuracy mode as typed (the tiny target, 2 prompts): the method alone (exact, greedy), untimed,
+    every answer's ending recorded, and the analysis reads its records as it reads any run's."""
+    command = shown(ACCURACY)
+    assert run(command, tmp_path, monkeypatch, [*TINY_MODEL, *SMALL, "output_dir=acc"]) == 0
+    rows = list(read_rows(tmp_path / "acc" / "records.jsonl"))
+    assert [row["method"] for row in rows] == ["exact", "exact"] and all(row["temperature"] == 0 for row in rows)
+    assert all(row["other_load"] is None and row["finished"] is (row["stop_reason"] != "max_new_tokens") for row in rows)
+    assert all(row["task"] == "humaneval_evalplus" and row["score"] is not None for row in rows)
+    assert run("python -m analysis acc --out acc_report", tmp_path, monkeypatch) == 0
+    made, skipped = index_entries(tmp_path / "acc_report")
+    assert {"settings.md", "table1.md", "table1.tex"} <= made and {"pareto", "quality"} <= skipped
+    assert "Answers: " in (tmp_path / "acc_report" / "index.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("prefix", "drafter", "verifier", "temperature"),
     [

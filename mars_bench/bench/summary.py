@@ -212,12 +212,12 @@ def disturbed_reason(count: int | None = None, option: str = RUN_OPTION) -> str:
 def speedup_note(speedup: float, disturbed: int, option: str = RUN_OPTION) -> str:
     """What a summary says where a speedup is missing (empty where there is one): the timing of every
     paired prompt was disturbed (``disturbed`` of them; speedups leave them out unless ``option`` counts
-    them), or no prompt has a finished baseline row."""
+    them), or no prompt has a decoded baseline row (an accuracy_only run decodes none)."""
     if pd.notna(speedup):
         return ""
     if disturbed:
         return f"no speedup: {disturbed_reason(int(disturbed), option)}"
-    return "no speedup: no prompt has a finished baseline row"
+    return "no speedup: no prompt has a decoded baseline row (experiment=accuracy decodes none)"
 
 
 def speedup_notes(summary: pd.DataFrame, option: str = RUN_OPTION) -> list[str]:
@@ -237,8 +237,9 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False, inclu
         base = cell_rows[cell_rows["method"] == BASELINE]
         for method, group in cell_rows.groupby("method", sort=False):
             summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed, include_cut)
-            if method == BASELINE:
-                summary |= {"agreement": 1.0, "trigger_rate": np.nan}
+            if method == BASELINE:  # compared with itself: no change to report
+                summary |= {"agreement": 1.0, "trigger_rate": np.nan, "score_change": np.nan, "score_change_ci_low": np.nan,
+                            "score_change_ci_high": np.nan, "score_change_p": np.nan}  # fmt: skip
             setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
                 "verifier": group["verifier"].iloc[0], "verifier_setting": recorded_setting(group)}  # fmt: skip
             sizes = group["batch_size"].dropna() if "batch_size" in group else []  # rows of schema 7 and older: 1
