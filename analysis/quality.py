@@ -61,7 +61,7 @@ def quality_table(frame: pd.DataFrame, include_cut: bool = False) -> pd.DataFram
                     "method": label,
                     "prompts": len(pairs),
                     "finished": finished,
-                    "answers": len(counted) + (0 if include_cut else int(cut.sum())),
+                    "answers": len(cut),  # every scored pair, counted or left out
                     "left_out": 0 if include_cut else int(cut.sum()),
                     "cut": int(cut.sum()) if include_cut else 0,
                     "score": pairs["score"].mean(),

@@ -9,7 +9,7 @@ import pandas as pd
 
 from mars_bench.bench.summary import CUT_MARK, cut_note
 
-from .cells import method_summary, setting_name
+from .cells import INCLUDE_CUT, method_summary, setting_name
 
 ROWS = ["model", "drafter", "temperature", "label"]
 METRICS = ("speedup", "tau", "tau_request_mean", "finished_share")  # per task, in this order
@@ -50,7 +50,7 @@ def cut_lines(summary: pd.DataFrame, include_cut: bool = False) -> list[str]:
         return []
     lines = [f"- {setting_name(row)}: {int(row['answers'] - row['finished'])} of {int(row['answers'])} answers cut{CUT_MARK}"
              for _, row in cut.iterrows()]  # fmt: skip
-    return ["", *lines, "", cut_note(include_cut, "--include-cut")]
+    return ["", *lines, "", cut_note(include_cut, INCLUDE_CUT)]
 
 
 def latex_notes(lines: list[str]) -> str:

@@ -70,7 +70,7 @@ def score_change(pairs: pd.DataFrame, include_cut: bool = False) -> dict[str, An
     ``include_cut``): the mean difference with its paired bootstrap 95% CI and permutation p-value, how
     many prompts it rests on and how many pairs a cut answer left out."""
     scored = pairs.dropna(subset=["score", "score_base"]) if "score_base" in pairs else pairs.iloc[:0]
-    cut = cut_answers(scored["finished"]) | cut_answers(scored["finished_base"]) if len(scored) else scored["score"] > 0
+    cut = cut_answers(scored["finished"]) | cut_answers(scored.get("finished_base", pd.Series(None, index=scored.index)))
     used = scored if include_cut else scored[~cut]
     differences = used["score"] - used["score_base"]
     low, high = bootstrap_mean_ci(differences)
