@@ -328,7 +328,7 @@ def test_the_batching_grid_then_its_forward_costs_then_its_analysis(tmp_path, mo
     assert len(composed) == 16 and {cfg.batch_size for cfg in composed} == {1, 2, 4, 8}
     assert {(cfg.task.name, cfg.verifier.name) for cfg in composed} == {
         (task, rule) for task in ("humaneval", "mt_bench") for rule in ("rejection", "mars")}  # fmt: skip
-    assert all(cfg.temperature == 1.0 and cfg.max_new_tokens == 128 and cfg.task.num_prompts == 8 for cfg in composed)
+    assert all(cfg.temperature == 1.0 and cfg.max_new_tokens == 512 and cfg.task.num_prompts == 8 for cfg in composed)
     assert [str(spec) for spec in composed[0].shadow] == ["mars(theta=0.9)", "typical(epsilon=0.09,delta=0.3)", "top_m(m=2)"]
     small = [*TINY_MODEL, *SMALL, "task.num_prompts=2", "task=humaneval", "batch_size=1,2", "verifier=rejection"]
     assert run(shown(BATCHING), tmp_path, monkeypatch, small) == 0
