@@ -7,7 +7,7 @@ budget of at least ``n`` tokens (decoding does not look at the budget before it 
 cut at the run's own budget finishes under none of the budgets up to it. So one run at a large budget
 gives, per task, the share of answers that finish at every smaller budget. Budgets above a run's own
 are left out for that run's rows. This is the measurement behind the recipes' ``max_new_tokens``
-(docs/running.md).
+(docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def answer_lengths(folders: list[Path]) -> dict[str, list[tuple[int, bool, int]]
     file under ``folders``."""
     found = [row for folder in folders for path in sorted(folder.rglob(RECORDS_FILE)) for row in read_rows(path)]
     frame = pd.DataFrame([row for row in found if row.get("status") == "ok"])
-    rows: dict[str, list[tuple[int, bool, int]]] = defaultdict(list)
     if frame.empty:
         return {}
+    rows: dict[str, list[tuple[int, bool, int]]] = defaultdict(list)
     frame["finished"] = answer_finished(frame)  # older records say it through stop_reason
     for task, tokens, finished, budget in frame[["task", "new_tokens", "finished", "max_new_tokens"]].itertuples(index=False):
         rows[task].append((int(tokens), bool(finished), int(budget)))

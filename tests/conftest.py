@@ -5,6 +5,7 @@ Hydra's SLURM launcher would submit. Test modules import these from here, never 
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import pickle
@@ -99,6 +100,14 @@ def run_config(*overrides: str):
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def load_script(path: Path) -> Any:
+    """The module of a script that is not in a package (benchmarks/*.py), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_main(module: str, *argv: str) -> int:

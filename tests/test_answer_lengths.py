@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from conftest import load_script
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("answer_lengths", REPO / "benchmarks" / "answer_lengths.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = REPO / "benchmarks" / "answer_lengths.py"
 
 
 def write_rows(folder: Path, rows: list[dict]) -> None:
@@ -22,7 +17,7 @@ def write_rows(folder: Path, rows: list[dict]) -> None:
 
 
 def test_an_answer_finishes_at_every_budget_at_least_its_length_and_a_cut_one_at_none(tmp_path):
-    script = load_script()
+    script = load_script(SCRIPT)
     base = {"status": "ok", "task": "gsm8k", "max_new_tokens": 512}
     write_rows(tmp_path / "run", [
         {**base, "new_tokens": 100, "finished": True},
@@ -39,8 +34,8 @@ def test_an_answer_finishes_at_every_budget_at_least_its_length_and_a_cut_one_at
 
 
 def test_the_committed_measurement_gives_the_recipes_budgets():
-    """The recipes' budgets are the least at which >= 90% of each task's answers finished."""
-    script = load_script()
+    """Each recipe's budget is at least the least budget at which >= 90% of each of its tasks' answers finished."""
+    script = load_script(SCRIPT)
     rows = script.answer_lengths([REPO / "benchmarks" / "results" / "answer_lengths_t1_cpu"])
     budgets = (128, 256, 384, 512, 640, 768, 1024)
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tree_check.py"
 
 
 @pytest.mark.slow
 def test_the_tiny_check_reports_every_measurement(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_tree_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT)
     assert module.main(["--tiny", "--prefix", "16", "--repeats", "1", "--new-tokens", "4", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_tree_check.json").read_text())
     assert report["exact_check"] == {"prompts": 3, "identical": 3}

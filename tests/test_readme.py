@@ -24,7 +24,6 @@ parser and checks, for its commands); commands for 8B-235B targets are composed,
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import shlex
@@ -33,7 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, TINY_TARGET, needs_shared_data, python_m, run_config, sbatch_script, slurm_config
+from conftest import SHARED_DATA, TINY_TARGET, load_script, needs_shared_data, python_m, run_config, sbatch_script, slurm_config
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -672,13 +671,6 @@ def test_every_shown_command_is_run_or_composed_by_a_test_here():
         if "pip install" in command or "[DIR ...]" in command or command == MAIN:
             continue
         assert any(command == s or command.startswith(s + " ") for s in selectors), f"no test runs: {command}"
-
-
-def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Parsed(Exception):

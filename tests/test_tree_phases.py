@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tree_phases.py"
 
 
 def test_the_eagle3_case_reports_draft_and_verify_ms_per_step(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("tree_phases", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT)
     out = tmp_path / "phases.json"
     argv = ["--cases", "eagle3", "--prompts", "1", "--max-new-tokens", "6", "--repeats", "1", "--out", str(out)]
     assert module.main(argv) == 0
