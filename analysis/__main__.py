@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars_bench.bench.summary import CUT_MARK, cut_note, disturbed_note, disturbed_rows, finished
-from mars_bench.files import atomic_replace
+from mars_bench.common.files import atomic_replace
 
 from . import acceptance, batching, fidelity, figures
 from .cells import INCLUDE_CUT, INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from mars_bench.bench.stats import percentile_ci
-from mars_bench.reasons import Reason
-from mars_bench.settings import parse_label
+from mars_bench.common.reasons import Reason
+from mars_bench.common.settings import parse_label
 
 from .cells import NotEnoughData, method_rows, varying_labels
 

@@ -32,7 +32,7 @@ import pandas as pd
 from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import percentile_ci
 from mars_bench.bench.summary import finished
-from mars_bench.strict_rule import strict_verifier
+from mars_bench.common.strict_rule import strict_verifier
 
 from .acceptance import shadow_labels, share_of_sums
 from .cells import NotEnoughData, method_rows, recorded_setting

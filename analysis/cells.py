@@ -16,7 +16,7 @@ import pandas as pd
 
 from mars_bench.bench.records import BASELINE, BASELINE_CONDITIONS
 from mars_bench.bench.summary import PROMPT, disturbed_reason, finished, pair_with_baseline, speedup_notes, summarise_paired
-from mars_bench.settings import parse_setting
+from mars_bench.common.settings import parse_setting
 
 MISSING = object()  # a key one setting of a name has and another lacks
 SETTING = ["model", "drafter", "draft_length", "task", "temperature", "verifier", "theta", "verifier_setting", "conditions"]

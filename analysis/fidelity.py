@@ -20,7 +20,7 @@ import pandas as pd
 from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import bootstrap_mean_ci
 from mars_bench.bench.summary import PROMPT, finished, pair_with_baseline, summarise_paired
-from mars_bench.strict_rule import strict_verifier
+from mars_bench.common.strict_rule import strict_verifier
 
 from .acceptance import shadow_labels
 from .cells import BASELINE_IDENTITY, SETTING, NotEnoughData, method_rows

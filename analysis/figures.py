@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from mars_bench.bench.summary import CUT_MARK  # noqa: E402
-from mars_bench.strict_rule import strict_verifier  # noqa: E402
+from mars_bench.common.strict_rule import strict_verifier  # noqa: E402
 
 from .cells import NotEnoughData, missing_speedups  # noqa: E402
 

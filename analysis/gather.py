@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import baseline_conditions
 from mars_bench.bench.records import BASELINE_CONDITIONS, MANIFEST_FILE, RECORDS_FILE, read_rows
-from mars_bench.settings import parse_setting, setting_string
+from mars_bench.common.settings import parse_setting, setting_string
 
 OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,

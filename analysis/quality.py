@@ -1,7 +1,7 @@
 """The quality table: each verifier's task score, its paired difference from the strict
 verifier on the same prompts, a bootstrap 95% CI of that difference and a paired test.
 
-The strict verifier is ``mars_bench.strict_rule.strict_verifier`` of the temperature. Where a
+The strict verifier is ``mars_bench.common.strict_rule.strict_verifier`` of the temperature. Where a
 sweep did not run it, the autoregressive baseline stands in: it samples the target's own
 distribution, which the strict rule preserves, so the comparison means the same thing.
 
@@ -16,7 +16,7 @@ import pandas as pd
 
 from mars_bench.bench.stats import bootstrap_mean_ci, paired_permutation_p
 from mars_bench.bench.summary import cut_answers
-from mars_bench.strict_rule import strict_verifier
+from mars_bench.common.strict_rule import strict_verifier
 
 from .cells import PROMPT, NotEnoughData, baseline_rows, method_rows
 

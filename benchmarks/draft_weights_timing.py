@@ -27,8 +27,8 @@ from torchao.quantization import quantize_
 from transformers import DynamicCache
 
 from mars_bench.drafting.draft_weights import INT4_GROUP, Int8Linear, quantized_linear, torchao_config
-from mars_bench.kvcache import cached_logits
-from mars_bench.models import load_model
+from mars_bench.models.kvcache import cached_logits
+from mars_bench.models.loading import load_model
 from mars_bench.perf.costs import forward_seconds
 
 DRAFT_MODEL = "Qwen/Qwen2.5-Coder-0.5B-Instruct"

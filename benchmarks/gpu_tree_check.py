@@ -30,12 +30,12 @@ import transformers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from mars_bench import decode
+from mars_bench.common.trees import node_depths
 from mars_bench.decoding.clock import Clock
 from mars_bench.decoding.engine import block_parents
 from mars_bench.drafting.eagle3 import Eagle3Drafter, Eagle3Settings, eagle3_head_from_state, random_head_state
-from mars_bench.kvcache import cached_forward, crop_to
-from mars_bench.models import steady_attention_kernels
-from mars_bench.trees import node_depths
+from mars_bench.models.kvcache import cached_forward, crop_to
+from mars_bench.models.loading import steady_attention_kernels
 from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 

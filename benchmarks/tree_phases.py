@@ -57,7 +57,7 @@ def tiny_eagle3(device: torch.device) -> tuple[Any, Eagle3Drafter]:
 
 def embedded_pair(prompts: int) -> tuple[Any, Any, list[list[int]], list[int]]:
     """(target, model_tree drafter, HumanEval prompt ids, stop ids) of the embedded Qwen pair, bf16."""
-    from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
+    from mars_bench.models.loading import check_tokenizers_compatible, load_model, stop_token_ids
     from mars_bench.perf.suite import first_turn_prompts
 
     target = load_model("Qwen/Qwen2.5-Coder-1.5B-Instruct", dtype="bfloat16")

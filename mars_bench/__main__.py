@@ -11,8 +11,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from mars_bench.common.paths import CONF_DIR as CONF_PATH
 from mars_bench.config import register_configs
-from mars_bench.paths import CONF_DIR as CONF_PATH
 
 CONF_DIR = str(CONF_PATH)
 register_configs()
@@ -81,8 +81,8 @@ def start() -> None:
     """Refuse a misspelt group option, drafter or verifier key, a value of the wrong type, a SLURM sweep
     over targets, or a launcher whose extra is not installed, in one line before Hydra composes the config."""
     from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line
+    from mars_bench.common.extras import check_launcher
     from mars_bench.config import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
-    from mars_bench.extras import check_launcher
 
     try:
         check_group_choices(sys.argv[1:])

@@ -16,6 +16,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from mars_bench.common.settings import parse_label, plugin_label
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import (
@@ -26,8 +27,7 @@ from mars_bench.drafting import (
 )
 from mars_bench.drafting.batched import ONE_SEQUENCE_SETTINGS
 from mars_bench.method import MethodSpec, check_tree_judges
-from mars_bench.placement import check_memory_budget, parse_dtype
-from mars_bench.settings import parse_label, plugin_label
+from mars_bench.models.placement import check_memory_budget, parse_dtype
 from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
@@ -356,7 +356,7 @@ def group_options(roots: list[Path]) -> dict[str, list[str]]:
     for root in roots:
         for path in root.glob("*/*.yaml"):
             options.setdefault(path.parent.name, set()).add(path.stem)
-    options.pop("hydra", None)  # Hydra's own groups (hydra/launcher: mars_bench.extras.check_launcher)
+    options.pop("hydra", None)  # Hydra's own groups (hydra/launcher: mars_bench.common.extras.check_launcher)
     return {group: sorted(names) for group, names in options.items()}
 
 
@@ -367,7 +367,7 @@ def check_group_choices(argv: list[str]) -> None:
     ``-cp``, ``-cn``, a search path that is not a folder) is left to Hydra."""
     import difflib
 
-    from mars_bench.paths import CONF_DIR
+    from mars_bench.common.paths import CONF_DIR
 
     if any(word.split("=", 1)[0] in ELSEWHERE for word in argv):
         return

@@ -30,7 +30,7 @@ from mars_bench.decoding.tally import DecodeTally
 from mars_bench.drafting import drafter_needs_model, drafter_settings
 from mars_bench.drafting.batched import check_batch_drafter
 from mars_bench.method import MethodSpec
-from mars_bench.models import check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.models.loading import check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.verification import verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 

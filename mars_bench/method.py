@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from mars_bench.common.settings import label_items, label_values, setting_string
 from mars_bench.decoding.draft_length import DraftLength, DraftLengthSettings, draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, drafters_with_stops, is_tree_drafter
@@ -21,7 +22,6 @@ from mars_bench.drafting import drafter_settings as drafter_settings_class
 from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.stop import DraftStop
 from mars_bench.drafting.tree import TreeShape
-from mars_bench.settings import label_items, label_values, setting_string
 from mars_bench.verification import Verifier, get_verifier
 from mars_bench.verification import verifier_settings as verifier_settings_class
 from mars_bench.verification.sampling import SamplingParams

@@ -467,7 +467,7 @@ def smoke_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
 
 @pytest.fixture(scope="session")
 def smollm():
-    from mars_bench.models import load_model
+    from mars_bench.models.loading import load_model
 
     return load_model("HuggingFaceTB/SmolLM2-135M-Instruct", dtype="float32")
 
@@ -487,7 +487,7 @@ def tiny_target() -> Path:
     if not (TINY_TARGET / "config.json").is_file():
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        from mars_bench.sources import resolve_model
+        from mars_bench.models.sources import resolve_model
 
         source = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path
         config = AutoConfig.from_pretrained(source)

@@ -362,7 +362,7 @@ def test_old_and_new_records_of_one_setting_pool_when_the_manifest_describes_the
 
 
 def test_the_strict_rule_has_one_home_that_names_registered_verifiers():
-    from mars_bench.strict_rule import strict_verifier
+    from mars_bench.common.strict_rule import strict_verifier
     from mars_bench.verification import available_verifiers
 
     assert (strict_verifier(0.0), strict_verifier(0.7)) == ("exact", "rejection")

@@ -193,7 +193,7 @@ def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
 
 @pytest.mark.slow  # SmolLM2 in fp32: 8 prompts decoded alone, then 2 and 4 at a time
 def test_smollm2_greedy_at_batch_2_and_4_equals_each_prompt_alone_on_humaneval_and_mt_bench(smollm):
-    from mars_bench.models import stop_token_ids
+    from mars_bench.models.loading import stop_token_ids
     from mars_bench.perf.suite import first_turn_prompts
 
     data = str(SHARED_DATA) if SHARED_DATA.is_dir() else None

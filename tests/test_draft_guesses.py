@@ -13,7 +13,7 @@ from mars_bench.drafting.layerskip import truncated_model
 from mars_bench.drafting.lookup import lookup_continuation
 from mars_bench.drafting.model import ModelDrafter, ModelSettings
 from mars_bench.drafting.stop import ConfidenceStop, GainStop
-from mars_bench.models import stop_token_ids
+from mars_bench.models.loading import stop_token_ids
 from mars_bench.perf.suite import first_turn_prompts
 
 NEW_TOKENS = 32

@@ -24,7 +24,7 @@ from mars_bench.drafting.draft_vocab import (
     sharegpt_token_counts,
 )
 from mars_bench.drafting.draft_weights import quantized_draft_model
-from mars_bench.kvcache import cached_forward
+from mars_bench.models.kvcache import cached_forward
 from mars_bench.verification.sampling import SamplingParams
 
 SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -86,7 +86,7 @@ def test_a_truncated_sharegpt_file_gives_every_complete_conversations_turns():
 def test_the_builtin_count_comes_from_sharegpt_once_then_from_its_hash_named_cache(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from mars_bench.sources import resolve_model
+    from mars_bench.models.sources import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(SMOLLM).path)
     monkeypatch.setenv("MARS_BENCH_CACHE", str(tmp_path))  # the count's cache, after the model is found in the real one

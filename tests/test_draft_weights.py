@@ -14,7 +14,7 @@ from conftest import is_quantized, tiny_model
 from mars_bench import build_drafter, decode
 from mars_bench.drafting.draft_vocab import ReducedHeadModel
 from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model, quantized_linear
-from mars_bench.kvcache import cached_forward
+from mars_bench.models.kvcache import cached_forward
 from mars_bench.verification.sampling import SamplingParams
 
 PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3]]

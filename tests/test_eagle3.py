@@ -13,6 +13,7 @@ from conftest import tiny_model
 from safetensors.torch import save_file
 
 from mars_bench import build_drafter, decode
+from mars_bench.common.trees import node_depths
 from mars_bench.drafting.eagle3 import (
     Eagle3Drafter,
     Eagle3Head,
@@ -22,7 +23,6 @@ from mars_bench.drafting.eagle3 import (
     load_eagle3_head,
     random_head_state,
 )
-from mars_bench.trees import node_depths
 from mars_bench.verification.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors

@@ -85,7 +85,7 @@ def test_the_test_extra_installs_every_other_extra():
 def test_a_launcher_or_command_whose_extra_is_missing_is_refused_in_one_line(monkeypatch, capsys):
     from conftest import python_m
 
-    from mars_bench import extras
+    from mars_bench.common import extras
 
     extras.check_launcher(["-m", "hydra/launcher=slurm", "hydra/launcher=joblib"])  # installed here: no error
     monkeypatch.setattr(extras, "installed", lambda module: False)

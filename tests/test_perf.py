@@ -206,8 +206,8 @@ def speed_settings(model) -> dict:
 def test_the_peers_models_are_loaded_exactly_as_a_transformers_user_loads_them():
     from transformers import AutoModelForCausalLM
 
+    from mars_bench.models.sources import resolve_model
     from mars_bench.perf.suite import PerfSettings, Suite
-    from mars_bench.sources import resolve_model
 
     settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, tasks=("gsm8k",), num_prompts=1, data_dir=str(SHARED_DATA))
     suite = Suite(settings)

@@ -39,6 +39,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from mars_bench.bench.manifest import cpu_description
 from mars_bench.bench.records import read_rows
+from mars_bench.common.paths import CONF_DIR
+from mars_bench.common.settings import parse_setting, plugin_label
 from mars_bench.config import (
     check_override_keys,
     check_run_config,
@@ -48,11 +50,9 @@ from mars_bench.config import (
     verifier_params,
 )
 from mars_bench.drafting.stop import GainStop
-from mars_bench.paths import CONF_DIR
 from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.report import header as perf_header
 from mars_bench.perf.suite import DraftConfig, methods_for
-from mars_bench.settings import parse_setting, plugin_label
 from mars_bench.verification import get_verifier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def run(command: str, cwd: Path, monkeypatch, extra: list[str] = (), replace: di
         name, _, value = words.pop(0).partition("=")
         monkeypatch.setenv(name, value)
     if words[0] == "mars-bench-lm-eval":  # the console script is this function
-        from mars_bench.extras import lm_eval_cli as cli
+        from mars_bench.common.extras import lm_eval_cli as cli
 
         monkeypatch.chdir(cwd)
         monkeypatch.setattr(sys, "argv", [*words, *extra])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mars_bench import build_drafter, decode
-from mars_bench.models import chat_prompt_ids, stop_token_ids
+from mars_bench.models.loading import chat_prompt_ids, stop_token_ids
 
 pytestmark = pytest.mark.slow  # SmolLM2-135M from its mirror
 

@@ -18,7 +18,7 @@ from mars_bench.bench.cell import run_cell
 from mars_bench.bench.failures import failure_line
 from mars_bench.bench.records import read_rows
 from mars_bench.bench.summary import summarise
-from mars_bench.settings import parse_setting
+from mars_bench.common.settings import parse_setting
 from mars_bench.tasks import SCORERS
 
 SMALL = ["experiment=smoke", "task.num_prompts=3", "max_new_tokens=8", "warmup=0", "progress=false"]

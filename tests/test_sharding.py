@@ -1,4 +1,4 @@
-"""Sharded targets (mars_bench/placement.py): a model split by device_map / max_memory decodes token
+"""Sharded targets (mars_bench/models/placement.py): a model split by device_map / max_memory decodes token
 for token like the unsplit one through the engine; a plan that does not fit fails before any
 weight is read, in one line; the manifest records where target and drafter were placed.
 
@@ -15,8 +15,8 @@ from conftest import tiny_model
 from mars_bench.bench.manifest import build_manifest
 from mars_bench.decoding import decode
 from mars_bench.drafting import drafter_for
-from mars_bench.models import load_model
-from mars_bench.placement import (
+from mars_bench.models.loading import load_model
+from mars_bench.models.placement import (
     drafter_device,
     input_device,
     model_size_bytes,

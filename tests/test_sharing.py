@@ -20,7 +20,7 @@ from mars_bench.bench.baseline_cache import BaselineCache, cache_entries
 from mars_bench.bench.cell import CELL_CLAIM
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import Record, RecordWriter, read_rows
-from mars_bench.files import atomic_create, atomic_replace
+from mars_bench.common.files import atomic_create, atomic_replace
 
 KEYS = [f"{index:064x}" for index in range(8)]
 

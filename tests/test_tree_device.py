@@ -18,10 +18,10 @@ import torch
 from conftest import HostSyncs, OnDevice, tiny_model
 
 from mars_bench import build_drafter
+from mars_bench.common.trees import device_tree_structure, node_depths
 from mars_bench.drafting.eagle3 import Eagle3Drafter, Eagle3Settings, eagle3_head_from_state, random_head_state
 from mars_bench.drafting.tree import Frontier, TreeShape, expand_tree
-from mars_bench.kvcache import tree_attention
-from mars_bench.trees import device_tree_structure, node_depths
+from mars_bench.models.kvcache import tree_attention
 from mars_bench.verification import VerifyInput, available_verifiers, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 

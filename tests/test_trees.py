@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from mars_bench import build_drafter, decode
 from mars_bench.decoding.engine import block_parents
 from mars_bench.drafting.tree import Frontier, TreeShape, expand_tree
-from mars_bench.kvcache import cached_forward, cached_logits, keep_positions
+from mars_bench.models.kvcache import cached_forward, cached_logits, keep_positions
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
@@ -156,7 +156,7 @@ def test_siblings_with_the_same_token_are_refused():
 def test_trees_need_an_attention_that_applies_the_4d_mask():
     from types import SimpleNamespace
 
-    from mars_bench.kvcache import check_tree_attention
+    from mars_bench.models.kvcache import check_tree_attention
 
     for implementation in ("eager", "sdpa"):
         check_tree_attention(SimpleNamespace(config=SimpleNamespace(_attn_implementation=implementation)))

@@ -306,9 +306,9 @@ def test_verifiers_without_a_trigger_report_none(name):
 
 
 def test_reason_codes_import_without_torch():
-    code = "import sys, mars_bench.reasons; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, mars_bench.common.reasons; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
-    from mars_bench import reasons
+    from mars_bench.common import reasons
     from mars_bench.verification import base
 
     assert Reason is reasons.Reason is base.Reason

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import run_config, tiny_model
 
+from mars_bench.common.settings import parse_label, plugin_label
 from mars_bench.config import check_run_config, shadow_verifiers
 from mars_bench.decoding.engine import decode
 from mars_bench.decoding.fidelity import expected_accepted
 from mars_bench.drafting import build_drafter
-from mars_bench.settings import parse_label, plugin_label
 from mars_bench.verification import VerifyInput, get_verifier
 from mars_bench.verification.emission import fidelity, proposal_rows
 from mars_bench.verification.mentored import ClippedTarget

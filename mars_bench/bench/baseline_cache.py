@@ -22,7 +22,7 @@ from typing import Any
 
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import RETIRED, read_rows
-from mars_bench.files import atomic_create
+from mars_bench.common.files import atomic_create
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
 ENTRY_SUFFIX = ".json"

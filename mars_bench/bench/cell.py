@@ -24,15 +24,15 @@ from mars_bench.bench.peak_memory import PeakMemory
 from mars_bench.bench.progress import TokenProgress
 from mars_bench.bench.records import BASELINE, BUDGET, SCHEMA_VERSION, Record, RecordWriter, finite_or_none
 from mars_bench.bench.run_folder import CELL_CLAIM, write_config
+from mars_bench.common.settings import plugin_label, setting_string
 from mars_bench.config import check_run_config, method_spec, shadow_verifiers
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.decoding.batched import decode_batch
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.drafting import drafter_needs_model
 from mars_bench.method import MethodSpec
-from mars_bench.models import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
-from mars_bench.placement import input_device
-from mars_bench.settings import plugin_label, setting_string
+from mars_bench.models.loading import LoadedModel, chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.models.placement import input_device
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.prompting import cut_at_stop_string, task_stop_strings, user_text
@@ -79,7 +79,7 @@ def forget_loaded_models() -> None:
 def load_models(cfg: Any) -> dict[str, LoadedModel]:
     """The target (sharded per model.device_map / max_memory, its plan checked before loading)
     and, for drafter=model, the draft model on the target's input device (``drafter_device``)."""
-    from mars_bench.placement import drafter_device
+    from mars_bench.models.placement import drafter_device
 
     m = cfg.model
     memory = tuple(sorted(((str(k), v) for k, v in m.max_memory.items()), key=str)) if m.max_memory else None

@@ -1,7 +1,7 @@
 """Claims on work that many processes, on many nodes over a shared filesystem, share.
 
 A *claim* is a file naming its owner (host, process, SLURM job, time), created whole by exactly
-one of the processes racing for it (``mars_bench.files.atomic_create``: no ``flock``, which is
+one of the processes racing for it (``mars_bench.common.files.atomic_create``: no ``flock``, which is
 unreliable or missing on network filesystems). Its modification time is the owner's heartbeat.
 A claim is *stale*, and may be broken, when its owner is a process of this host that no longer
 runs, when it belongs to this very SLURM job (a requeued job taking its own work back), or when
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mars_bench.files import atomic_create
+from mars_bench.common.files import atomic_create
 
 LEASE_S = 3600.0  # a claim whose owner has not touched it for this long is given up
 

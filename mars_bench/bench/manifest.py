@@ -17,8 +17,8 @@ import torch
 
 from mars_bench.bench.contention import machine_load
 from mars_bench.bench.records import MANIFEST_FILE
-from mars_bench.paths import CONF_DIR, PACKAGE_DIR
-from mars_bench.placement import drafter_device, input_device, placement
+from mars_bench.common.paths import CONF_DIR, PACKAGE_DIR
+from mars_bench.models.placement import drafter_device, input_device, placement
 
 REPO_ROOT = PACKAGE_DIR.parent
 

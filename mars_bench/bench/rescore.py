@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import CACHE_FILE, ENTRY_SUFFIX, cache_entries
 from mars_bench.bench.records import RECORDS_FILE, read_rows
-from mars_bench.files import atomic_replace
+from mars_bench.common.files import atomic_replace
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.providers import load_questions
 

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import RECORDS_FILE, read_rows
-from mars_bench.files import atomic_replace
+from mars_bench.common.files import atomic_replace
 
 CONFIG_FILE = "config.yaml"  # the cell's resolved config, written as it starts: a folder's configuration
 CELL_CLAIM = "cell.claim"  # one process writes a cell's folder at a time (bench/claims.py)

@@ -22,7 +22,7 @@ from mars_bench.bench.stats import (
     paired_permutation_p,
     throughput_ratio,
 )
-from mars_bench.token_counts import emitted_tokens
+from mars_bench.common.token_counts import emitted_tokens
 
 PROMPT = ["question_id", "turn"]
 SUMMARY_FILE = "summary.csv"  # a cell's folder holds it once the cell has run to its end

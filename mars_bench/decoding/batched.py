@@ -34,8 +34,8 @@ from mars_bench.decoding.fidelity import step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter
 from mars_bench.drafting.batched import batch_drafter, check_batch_drafter
-from mars_bench.kvcache import batch_forward, check_tree_attention, crop_batch, padded_rows, select_batch_rows
-from mars_bench.placement import input_device
+from mars_bench.models.kvcache import batch_forward, check_tree_attention, crop_batch, padded_rows, select_batch_rows
+from mars_bench.models.placement import input_device
 from mars_bench.verification import Verifier, VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
 

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from mars_bench.common.trees import is_chain, node_depths
 from mars_bench.decoding.clock import Clock
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLength, FixedLength
 from mars_bench.decoding.fidelity import step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Drafter, empty_draft
-from mars_bench.kvcache import cached_forward, crop_to, keep_positions
-from mars_bench.placement import input_device
-from mars_bench.trees import is_chain, node_depths
+from mars_bench.models.kvcache import cached_forward, crop_to, keep_positions
+from mars_bench.models.placement import input_device
 from mars_bench.verification import Verifier, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mars_bench.common.token_counts import emitted_tokens
 from mars_bench.decoding.trace import DecodeResult
-from mars_bench.token_counts import emitted_tokens
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from mars_bench.common.settings import check_settings_class, label_values, settings_from
 from mars_bench.drafting.stop import DraftStop
-from mars_bench.placement import input_device
-from mars_bench.settings import check_settings_class, label_values, settings_from
+from mars_bench.models.placement import input_device
 from mars_bench.verification.sampling import SamplingParams
 
 

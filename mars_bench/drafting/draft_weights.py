@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.settings import OPTIONAL
+from mars_bench.common.settings import OPTIONAL
 
 DRAFT_WEIGHTS = ("int8", "int4")  # besides null: the weights as loaded
 INT4_GROUP = 32  # inputs per int4 scale and zero point

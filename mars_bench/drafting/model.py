@@ -8,15 +8,15 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from mars_bench.common.settings import OPTIONAL
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_without_model, register_drafter
 from mars_bench.drafting.draft_vocab import DraftVocabSettings, reduced_draft_model
 from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_draft_model
 from mars_bench.drafting.lookup import lookup_continuation
 from mars_bench.drafting.stop import DraftStop
 from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
-from mars_bench.kvcache import cached_forward, cached_logits, crop_to
-from mars_bench.placement import input_device
-from mars_bench.settings import OPTIONAL
+from mars_bench.models.kvcache import cached_forward, cached_logits, crop_to
+from mars_bench.models.placement import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
 GUESS_NGRAMS = (2, 3)  # the n-gram lengths (shortest, longest) whose earlier continuation the drafter's guesses copy

@@ -1,6 +1,6 @@
 """Tree drafting: the tree's shape and EAGLE-2 style dynamic expansion.
 
-Trees are given by ``parents`` as described in ``mars_bench/trees.py``. A tree grows in
+Trees are given by ``parents`` as described in ``mars_bench/common/trees.py``. A tree grows in
 fixed-shape tensors on the drafter's device, its sizes planned from its shape alone, so the
 expansion never waits for the device; the finished tree reaches the host in one transfer
 (``DraftedTree.to_draft``).

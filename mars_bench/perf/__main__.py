@@ -23,9 +23,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mars_bench.bench.manifest import emulated_bf16_warning
+from mars_bench.common.files import atomic_replace
+from mars_bench.common.paths import CONF_DIR
 from mars_bench.drafting.draft_weights import DRAFT_WEIGHTS
-from mars_bench.files import atomic_replace
-from mars_bench.paths import CONF_DIR
 from mars_bench.perf.report import markdown
 from mars_bench.perf.suite import PEER_METHODS, DraftConfig, PerfSettings, run_suite
 

@@ -24,10 +24,10 @@ from omegaconf import OmegaConf
 from transformers import DynamicCache
 
 from mars_bench.bench.manifest import cpu_description
-from mars_bench.files import atomic_replace
-from mars_bench.kvcache import batch_forward, crop_batch
+from mars_bench.common.files import atomic_replace
+from mars_bench.models.kvcache import batch_forward, crop_batch
+from mars_bench.models.placement import input_device
 from mars_bench.perf.costs import synced_time
-from mars_bench.placement import input_device
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)  # tokens per row in one forward: a root and up to 16 drafts

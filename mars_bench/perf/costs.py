@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from mars_bench.kvcache import cached_logits, crop_to
-from mars_bench.placement import input_device
+from mars_bench.models.kvcache import cached_logits, crop_to
+from mars_bench.models.placement import input_device
 
 
 def synced_time(device: torch.device) -> float:

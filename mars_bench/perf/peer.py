@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from mars_bench.placement import input_device, parse_dtype
+from mars_bench.models.placement import input_device, parse_dtype
 
 PEER_LOADING = "AutoModelForCausalLM.from_pretrained(path, dtype={dtype}).eval()"
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
+from mars_bench.common.strict_rule import strict_verifier
+from mars_bench.common.token_counts import emitted_tokens
 from mars_bench.decoding import decode
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import cut_at_stop
@@ -28,7 +30,7 @@ from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.draft_weights import quantized_draft_model
 from mars_bench.drafting.stop import check_draft_cost, check_min_confidence
 from mars_bench.method import MethodSpec
-from mars_bench.models import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.models.loading import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.perf.costs import (
     ForwardTimer,
     calibrated_costs,
@@ -38,10 +40,8 @@ from mars_bench.perf.costs import (
 )
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
-from mars_bench.strict_rule import strict_verifier
 from mars_bench.tasks.options import task_option
 from mars_bench.tasks.providers import load_questions
-from mars_bench.token_counts import emitted_tokens
 from mars_bench.verification.sampling import SamplingParams
 
 OURS, PEER = "ours", "transformers"

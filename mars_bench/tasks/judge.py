@@ -67,13 +67,13 @@ class JudgeScorer:
     max_new_tokens: int = 512
 
     def __post_init__(self) -> None:
-        from mars_bench.models import stop_token_ids
+        from mars_bench.models.loading import stop_token_ids
 
         self.stops = stop_token_ids(self.judge)
 
     def __call__(self, answer: str, question: Question, *, turn: int = 1, answers: list[str] | None = None) -> float | None:
         from mars_bench.decoding import decode
-        from mars_bench.models import chat_prompt_ids
+        from mars_bench.models.loading import chat_prompt_ids
 
         system, user = judge_messages(self.prompts, question, answers or [answer], turn)
         prompt = chat_prompt_ids(self.judge.tokenizer, [user], system)

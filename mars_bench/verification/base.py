@@ -18,8 +18,8 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from mars_bench.reasons import Reason
-from mars_bench.settings import check_settings_class, label_values, settings_from
+from mars_bench.common.reasons import Reason
+from mars_bench.common.settings import check_settings_class, label_values, settings_from
 from mars_bench.verification.sampling import Generators, SamplingParams
 
 __all__ = [

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-from mars_bench.trees import depths_of
+from mars_bench.common.trees import depths_of
 from mars_bench.verification.base import Decisions, Reason, Verdict, VerifyInput
 from mars_bench.verification.sampling import RandomStreams, SamplingParams, probabilities
 

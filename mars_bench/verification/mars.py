@@ -37,7 +37,7 @@ from typing import ClassVar
 
 import torch
 
-from mars_bench.settings import OPTIONAL
+from mars_bench.common.settings import OPTIONAL
 from mars_bench.verification.base import (
     Reason,
     Verdict,

@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig
 
 from mars_bench.drafting.eagle3.head import Eagle3Head
-from mars_bench.placement import draft_head_device
+from mars_bench.models.placement import draft_head_device
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")  # optional only when draft_vocab_size == vocab_size
 EMBED_KEY = "embed_tokens.weight"  # optional: the target's embeddings otherwise

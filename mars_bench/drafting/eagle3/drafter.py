@@ -14,7 +14,7 @@ from mars_bench.drafting.base import Draft, Drafter, DrafterContext, register_dr
 from mars_bench.drafting.eagle3.checkpoint import load_eagle3_head, target_sizes
 from mars_bench.drafting.eagle3.head import Eagle3Head, eagle3_hidden_layers
 from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
-from mars_bench.placement import input_device
+from mars_bench.models.placement import input_device
 from mars_bench.verification.sampling import SamplingParams
 
 

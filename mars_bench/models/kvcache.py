@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from mars_bench.placement import input_device
-from mars_bench.trees import additive_mask, device_tree_structure
+from mars_bench.common.trees import additive_mask, device_tree_structure
+from mars_bench.models.placement import input_device
 
 
 def crop_to(cache: Any, length: int) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.sources import cache_root
+from mars_bench.models.sources import cache_root
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PLANNED_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # device_map values that need a plan

@@ -2,7 +2,7 @@
 chat prompts and stop tokens.
 
 Where the modules go (device plans checked before loading, drafter placement) is
-``mars_bench.placement``.
+``mars_bench.models.placement``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.placement import (
+from mars_bench.models.placement import (
     PLANNED_MAPS,
     DevicePlan,
     check_memory_budget,
@@ -22,7 +22,7 @@ from mars_bench.placement import (
     parse_dtype,
     plan_device_map,
 )
-from mars_bench.sources import ResolvedModel, resolve_model
+from mars_bench.models.sources import ResolvedModel, resolve_model
 
 
 @dataclass
