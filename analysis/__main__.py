@@ -25,19 +25,22 @@ from .runs import POOL_REPEATS, Pooled, pooled_settings, repeats
 from .tables import latex_notes, table1, table1_notes, to_latex, to_markdown
 
 DESCRIPTIONS = {
-    "settings": "every setting (target, drafter, task, temperature, verifier and its setting): prompts, run_folders (the "
+    "settings": "every setting (target, drafter, task, temperature, verifier and its setting, with a column for each "
+    "setting that differs between a verifier's cells): prompts, run_folders (the "
     "run folders its prompts came from), disturbed (prompts whose timing other processes disturbed: left out of the "
     "speedup unless --include-disturbed), speedup with its bootstrap 95% CI (where there is none, why), tau (pooled: "
     "emitted tokens over verification steps, all requests together) and tau_request_mean (the mean of each request's "
     "tau), acceptance rate, the verifier's own trigger rate (empty for a verifier without a "
     "trigger), margin_over_0.9 (a counterfactual from the recorded margins, for every verifier: the share of verified "
-    "positions where the paper's rule at theta 0.9 would relax), score with its CI.",
+    "positions whose margin z2 / z1 lies in (0.9, 1], where the paper's rule at its default threshold would relax), "
+    "score with its CI.",
     "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline), tau (pooled) and "
     "tau_request_mean (per request, then averaged) per target, drafter, temperature and verifier, column groups per task, "
     "unweighted Mean.",
-    "threshold ablation": "speedup, tau, score and trigger rate against theta on one x axis, one line per task; dashed: "
-    "the strict verifier.",
-    "pareto": "score against speedup for every verifier and theta, per task, with the Pareto front.",
+    "threshold ablation": "speedup, tau, score and trigger rate against the one setting that differs between a "
+    "verifier's cells (a column of panels per such verifier, the x axis named verifier: setting), one line per task; "
+    "dashed: the strict verifier.",
+    "pareto": "score against speedup for every verifier and setting, per task, with the Pareto front.",
     "quality": "task score per verifier, its mean paired difference from the strict verifier (rejection when sampling, "
     "exact when greedy; the AR baseline if the strict one was not run) on the same prompts, bootstrap 95% CI of that "
     "difference, and a two-sided paired sign-flip permutation test.",

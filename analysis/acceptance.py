@@ -53,13 +53,12 @@ def alpha_per_depth(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def positions(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per verified position: its margin z2 / z1, its outcome and the verifier's theta (NaN: none)."""
+    """One row per verified position: its margin z2 / z1 and its outcome, per setting (``KEYS``)."""
     out = []
     for key, rows in method_rows(frame).groupby(KEYS, sort=True):
         margins = [m for row in rows["margins"] for m in row]
         reasons = [r for row in rows["reasons"] for r in row]
-        theta = rows["theta"].iloc[0]  # the verifier's threshold, where it has one
-        out.append(pd.DataFrame({**dict(zip(KEYS, key)), "theta": theta, "margin": margins, "reason": reasons}))
+        out.append(pd.DataFrame({**dict(zip(KEYS, key)), "margin": margins, "reason": reasons}))
     table = pd.concat(out, ignore_index=True)
     if table.empty:
         raise NotEnoughData("no verified positions in the method rows")
@@ -81,8 +80,9 @@ def acceptance_by_margin(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def shadow_labels(raw: list[str]) -> dict[str, str]:
-    """Recorded shadow names (``mars(theta=0.9,guard=never,correction=residual)``) -> table labels
-    that show the settings which differ between shadows of one verifier (``mars (theta=0.84)``)."""
+    """Recorded shadow names (``name(key=value,...)``, ``common.settings.plugin_label``) -> table labels that
+    show the settings which differ between shadows of one verifier (``name (key=0.84)``; one shadow of a
+    verifier: its bare name)."""
     parsed = [parse_label(name) for name in raw]
     names = pd.Series([verifier for verifier, _ in parsed], dtype=object)
     return dict(zip(raw, varying_labels(names, [settings for _, settings in parsed])))

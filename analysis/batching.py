@@ -35,7 +35,7 @@ from mars_bench.bench.summary import finished
 from mars_bench.common.strict_rule import strict_verifier
 
 from .acceptance import shadow_labels, share_of_sums
-from .cells import NotEnoughData, method_rows, recorded_setting
+from .cells import NotEnoughData, method_rows, recorded_setting, varying_labels
 
 COSTS_FILE = "batch_costs.json"  # written by python -m mars_bench.perf.batch_costs RUN
 KEYS = ["model", "task", "temperature", "label"]
@@ -249,11 +249,11 @@ def tau_ci(rows: pd.DataFrame) -> tuple[float, float]:
 
 
 def rule_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """``method_rows``, each labelled with its rule: the verifier and its theta, where it has one (``mars (theta=0.9)``)."""
+    """``method_rows``, each labelled with its rule: the verifier, with the settings that differ between its
+    cells (``cells.varying_labels``), without the baseline conditions (the batch size among them)."""
     methods = method_rows(frame)
-    thetas = [recorded_setting(setting).get("theta") for setting in methods["verifier_setting"]]
-    suffixes = ["" if theta is None else f" (theta={theta:g})" for theta in thetas]
-    return methods.assign(label=[f"{verifier}{suffix}" for verifier, suffix in zip(methods["verifier"], suffixes)])
+    settings = [recorded_setting(setting) for setting in methods["verifier_setting"]]
+    return methods.assign(label=varying_labels(methods["verifier"], settings))
 
 
 def extrapolated(frame: pd.DataFrame, costs: BatchCosts, seed: int = 0) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Figures (PNG, matplotlib's Agg backend): the threshold ablation, the speed-quality Pareto
+"""Figures (PNG, matplotlib's Agg backend): the threshold ablation (any verifier's swept setting), the speed-quality Pareto
 front, alpha per depth, margin histograms by outcome, acceptance by margin bin and the fidelity
 frontier (expected acceptance against KL and TV to the target).
 
@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from mars_bench.bench.summary import CUT_MARK  # noqa: E402
 from mars_bench.common.strict_rule import strict_verifier  # noqa: E402
 
-from .cells import NotEnoughData, missing_speedups  # noqa: E402
+from .cells import NotEnoughData, Sweep, missing_speedups, setting_sweeps  # noqa: E402
 
 DPI = 130
 DRAFTERS = {"model": "separate draft model", "model_tree": "separate draft model, top-k tree", "layerskip": "layer-skip",
@@ -74,45 +74,68 @@ def _error_bars(values: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarra
     return np.vstack([(values - low).clip(lower=0).fillna(0), (high - values).clip(lower=0).fillna(0)])
 
 
+ABLATION_PANELS = [  # (metric, y label, with its CI)
+    ("speedup", "speedup over AR baseline (x)", True),
+    ("tau", "tau (tokens per target forward)", False),
+    ("score", "task score (mean per prompt)", True),
+    ("trigger_rate", "trigger rate (share of verified positions)", False),
+]
+SWEPT = "_swept"  # the column holding a row's value of the swept setting, in the figures' own tables
+
+
 def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
-    """Speedup, tau, score and trigger rate against theta (shared x axis), one line per task (and baseline conditions);
-    the strict verifier of each task (``strict_verifier`` of its temperature) as a dashed line of the same colour."""
-    mars = summary[(summary["verifier"] == "mars") & summary["theta"].notna()]
-    if mars["theta"].nunique() < 2:
-        raise NotEnoughData("the threshold ablation needs mars cells at two or more theta values")
+    """Speedup, tau, score and trigger rate against a verifier's swept setting (``cells.setting_sweeps``: the one
+    setting that differs between its cells, a number), a column of panels per such verifier sharing its x axis
+    (named ``verifier: setting``), one line per task (and baseline conditions); the strict verifier of each task
+    (``strict_verifier`` of its temperature) as a dashed line of the same colour."""
+    sweeps = setting_sweeps(summary)
+    if not sweeps:
+        raise NotEnoughData("the threshold ablation needs a verifier whose cells differ in one setting only, "
+                            "a number at two or more values")  # fmt: skip
     strict = summary[summary["verifier"] == summary["temperature"].map(strict_verifier)]
-    panels = [
-        ("speedup", "speedup over AR baseline (x)", True),
-        ("tau", "tau (tokens per target forward)", False),
-        ("score", "task score (mean per prompt)", True),
-        ("trigger_rate", "trigger rate (share of verified positions)", False),
-    ]
-    figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(6.4, 9.5), layout="constrained")
-    for color, ((task, conditions), rows) in zip(plt.cm.tab10.colors, mars.groupby(["task", "conditions"], sort=True)):
-        rows = rows.sort_values("theta")
+    figure, axes = plt.subplots(len(ABLATION_PANELS), len(sweeps), sharex="col", squeeze=False,
+                                figsize=(6.4 * len(sweeps), 9.5), layout="constrained")  # fmt: skip
+    swept = pd.concat([_sweep_panels(axes[:, column], summary, sweep, strict) for column, sweep in enumerate(sweeps)])
+    for axis, (_metric, label, _ci) in zip(axes[:, 0], ABLATION_PANELS):
+        axis.set_ylabel(label, fontsize=8)
+    handles = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels())}
+    figure.legend(handles.values(), handles.keys(), fontsize=7, ncol=2, loc="outside lower center")  # over no line
+    prompts = int(swept["prompts"].max())
+    figure.suptitle(f"Threshold ablation ({prompts} prompts per task; bars: bootstrap 95% CI)\n{_title(swept)}", fontsize=9)
+    return _save(figure, path)
+
+
+def _sweep_panels(axes: np.ndarray, summary: pd.DataFrame, sweep: Sweep, strict: pd.DataFrame) -> pd.DataFrame:
+    """Draw one sweep's column of ``ABLATION_PANELS`` into ``axes``; its rows of ``summary`` (``SWEPT``: their value)."""
+    values = sweep.values(summary)
+    rows = summary[values.notna()].assign(**{SWEPT: values[values.notna()]})
+    for color, ((task, conditions), group) in zip(plt.cm.tab10.colors, rows.groupby(["task", "conditions"], sort=True)):
+        group = group.sort_values(SWEPT)
         where = ", ".join(filter(None, (task, conditions)))  # runs of one task with other baseline conditions: lines apart
-        for axis, (metric, _label, with_ci) in zip(axes, panels):
-            errors = _error_bars(rows[metric], rows[f"{metric}_ci_low"], rows[f"{metric}_ci_high"]) if with_ci else None
-            axis.errorbar(rows["theta"], rows[metric], yerr=errors, marker="o", capsize=3, color=color, label=f"mars, {where}")
-            reference = strict[(strict["task"] == task) & (strict["conditions"] == conditions)]
+        reference = strict[(strict["task"] == task) & (strict["conditions"] == conditions)]
+        for axis, (metric, _label, with_ci) in zip(axes, ABLATION_PANELS):
+            errors = _error_bars(group[metric], group[f"{metric}_ci_low"], group[f"{metric}_ci_high"]) if with_ci else None
+            axis.errorbar(group[SWEPT], group[metric], yerr=errors, marker="o", capsize=3, color=color,
+                          label=f"{sweep.verifier}, {where}")  # fmt: skip
             if len(reference) and metric != "trigger_rate":
                 axis.axhline(reference[metric].iloc[0], color=color, linestyle="--", linewidth=1,
                              label=f"{reference['verifier'].iloc[0]} (strict), {where}")  # fmt: skip
-    axes[0].axhline(1.0, color="grey", linewidth=1, label="AR baseline (1x)")
-    low, high = axes[0].get_ylim()
-    pad = 0.05 * (high - low)  # the 1x line clear of the panel's edge, where speedups all lie above it
-    axes[0].set_ylim(min(low, 1.0 - pad), max(high, 1.0 + pad))
-    if mars["speedup"].isna().all():  # every mars cell lost its speedup: say why where the lines would be
-        _no_data(axes[0], missing_speedups(pd.concat([mars, strict]).drop_duplicates(["task", "conditions", "label"])))
-    for axis, (_metric, label, _ci) in zip(axes, panels):
-        axis.set_ylabel(label, fontsize=8)
+    _speedup_reference(axes[0])
+    if rows["speedup"].isna().all():  # every cell of the sweep lost its speedup: say why where the lines would be
+        _no_data(axes[0], missing_speedups(pd.concat([rows, strict]).drop_duplicates(["task", "conditions", "label"])))
+    for axis in axes:
         axis.grid(alpha=0.3)
-    figure.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=2, loc="outside lower center")  # over no line
-    axes[-1].set_xlabel("theta (MARS accepts the drafted runner-up when z2 / z1 > theta)")
-    axes[-1].set_xticks(sorted(mars["theta"].unique()))
-    prompts = int(mars["prompts"].max())
-    figure.suptitle(f"Threshold ablation ({prompts} prompts per task; bars: bootstrap 95% CI)\n{_title(mars)}", fontsize=9)
-    return _save(figure, path)
+    axes[-1].set_xlabel(sweep.axis)
+    axes[-1].set_xticks(sorted(rows[SWEPT].unique()))
+    return rows
+
+
+def _speedup_reference(axis) -> None:
+    """The AR baseline (1x) across a speedup panel, kept clear of its edge where every speedup lies above it."""
+    axis.axhline(1.0, color="grey", linewidth=1, label="AR baseline (1x)")
+    low, high = axis.get_ylim()
+    pad = 0.05 * (high - low)
+    axis.set_ylim(min(low, 1.0 - pad), max(high, 1.0 + pad))
 
 
 def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
@@ -126,34 +149,30 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     return points.loc[front].sort_values("speedup")
 
 
+SWEEP_COLOURS = ("tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan")  # a sweep's points; others red
+
+
 def pareto(summary: pd.DataFrame, path: Path) -> Path:
-    """Score against speedup for every verifier and theta, one panel per task; the front joined. A point's
+    """Score against speedup for every verifier and setting, one panel per task; the front joined. A point's
     vertical bar is the paired 95% CI of its score change against its baseline (prompts where both answers
     finished), placed at its score, where it has one; else the bootstrap CI of its score. Each label says
-    how many of the setting's answers finished, marked where some were cut at the budget."""
+    how many of the setting's answers finished, marked where some were cut at the budget. The points of a
+    sweep (``cells.setting_sweeps``) are circles in the sweep's colour, labelled with the setting's value
+    above them; every other point a red square labelled with its setting's name below it."""
     scored = summary.dropna(subset=["score", "speedup"])
     if scored.empty and summary["speedup"].isna().all():
         raise NotEnoughData(missing_speedups(summary))
     if scored.empty:
         raise NotEnoughData("the Pareto front needs settings with both a speedup and a score")
+    sweeps = setting_sweeps(summary)
+    colours = dict(zip((sweep.verifier for sweep in sweeps), itertools.cycle(SWEEP_COLOURS)))
+    scored = scored.assign(**{SWEPT: _swept_values(scored, sweeps)})
     tasks = sorted(scored["task"].unique())
     figure, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.4), squeeze=False, layout="constrained")
     for axis, task in zip(axes[0], tasks):
         rows = scored[scored["task"] == task]
         for _, row in rows.iterrows():
-            marker = "s" if row["verifier"] != "mars" else "o"
-            one = rows.loc[[row.name]]  # a CI that collapses onto its point may lie a rounding error beyond it
-            axis.errorbar(row["speedup"], row["score"], marker=marker, color="tab:blue" if marker == "o" else "tab:red",
-                          xerr=_error_bars(one["speedup"], one["speedup_ci_low"], one["speedup_ci_high"]),
-                          yerr=_error_bars(one["score"], *_score_bar(one)),
-                          alpha=0.5, capsize=2)  # fmt: skip
-            below = marker == "s"  # other verifiers labelled under their point, thetas above: fewer overlaps
-            text = row["label"] if below or pd.isna(row["theta"]) else f"θ={row['theta']:g}"
-            if row.get("answers"):
-                cut = " " + CUT_MARK if row["finished"] < row["answers"] else ""
-                text += f" ({int(row['finished'])}/{int(row['answers'])} finished{cut})"
-            axis.annotate(text, (row["speedup"], row["score"]),
-                          fontsize=7, xytext=(4, -10 if below else 4), textcoords="offset points")  # fmt: skip
+            _pareto_point(axis, rows.loc[[row.name]], sweeps, colours)
         front = pareto_front(rows)
         axis.plot(front["speedup"], front["score"], color="black", linewidth=1, marker="o", markersize=11,
                   markerfacecolor="none", label="Pareto front (ringed)")  # fmt: skip
@@ -161,13 +180,39 @@ def pareto(summary: pd.DataFrame, path: Path) -> Path:
         axis.set_xlabel("speedup over AR baseline (x)")
         axis.set_ylabel("task score (mean per prompt)")
         axis.grid(alpha=0.3)
-        axis.plot([], [], "o", color="tab:blue", label="mars at theta")
+        for sweep in sweeps:
+            axis.plot([], [], "o", color=colours[sweep.verifier], label=f"{sweep.verifier} at {sweep.setting}")
         axis.plot([], [], "s", color="tab:red", label="other verifiers")
         axis.legend(fontsize=7)
     figure.suptitle(f"Speed against quality (bars: speedup bootstrap 95% CI; score: paired 95% CI of the change against "
                     f"the baseline over prompts where both answers finished, {CUT_MARK}: some answers cut at the budget)"
                     f"\n{_title(scored)}", fontsize=9)  # fmt: skip
     return _save(figure, path)
+
+
+def _swept_values(table: pd.DataFrame, sweeps: list[Sweep]) -> pd.Series:
+    """Each row's value of its verifier's swept setting; NaN for a row of no sweep (or where the value is no number)."""
+    values = pd.Series(np.nan, index=table.index, dtype=float)
+    for sweep in sweeps:
+        values = values.fillna(sweep.values(table))
+    return values
+
+
+def _pareto_point(axis, one: pd.DataFrame, sweeps: list[Sweep], colours: dict[str, str]) -> None:
+    """One setting (``one``: its row, with ``SWEPT``) as a point with its bars and its label."""
+    row = one.iloc[0]
+    swept = pd.notna(row[SWEPT])
+    axis.errorbar(row["speedup"], row["score"], marker="o" if swept else "s",
+                  color=colours[row["verifier"]] if swept else "tab:red",
+                  xerr=_error_bars(one["speedup"], one["speedup_ci_low"], one["speedup_ci_high"]),
+                  yerr=_error_bars(one["score"], *_score_bar(one)),
+                  alpha=0.5, capsize=2)  # fmt: skip  # a CI that collapses onto its point may lie a rounding error beyond it
+    setting = next((sweep.setting for sweep in sweeps if sweep.verifier == row["verifier"]), "")
+    text = f"{setting}={row[SWEPT]:g}" if swept else row["label"]  # a sweep's values above their point, names below
+    if row.get("answers"):
+        cut = " " + CUT_MARK if row["finished"] < row["answers"] else ""
+        text += f" ({int(row['finished'])}/{int(row['answers'])} finished{cut})"
+    axis.annotate(text, (row["speedup"], row["score"]), fontsize=7, xytext=(4, 4 if swept else -10), textcoords="offset points")
 
 
 def _score_bar(one: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -218,7 +263,8 @@ def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
 
 
 def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path:
-    """Distribution of z2 / z1 at strict accepts, relaxed accepts and rejections, per method."""
+    """Distribution of z2 / z1 at strict accepts, relaxed accepts and rejections, per method; a dotted line at
+    the lowest margin where the method relaxed (where that lies on the axis)."""
     labels = sorted(table["label"].unique())
     columns = min(3, len(labels))
     rows_count = -(-len(labels) // columns)
@@ -232,9 +278,9 @@ def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path
             margins = rows.loc[rows["outcome"] == outcome, "margin"].clip(low, 1.0)
             if len(margins):
                 axis.hist(margins, bins=bins, histtype="step", linewidth=1.5, color=color, label=f"{outcome} (n={len(margins)})")
-        theta = table.loc[table["label"] == label, "theta"].iloc[0]
-        if pd.notna(theta):
-            axis.axvline(float(theta), color="black", linestyle=":", linewidth=1, label=f"theta {theta:g}")
+        relaxed = rows.loc[rows["outcome"] == "relaxed accept", "margin"]
+        if len(relaxed) and relaxed.min() >= low:  # where the verifier began to relax, whichever its rule
+            axis.axvline(relaxed.min(), color="black", linestyle=":", linewidth=1, label=f"lowest relaxed {relaxed.min():.3g}")
         _log_counts(axis)
         axis.set_title(label, fontsize=9)
         axis.legend(fontsize=6)

@@ -16,10 +16,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import baseline_conditions
-from mars_bench.bench.records import BASELINE_CONDITIONS, MANIFEST_FILE, RECORDS_FILE, read_rows
-from mars_bench.common.settings import parse_setting, setting_string
+from mars_bench.bench.records import BASELINE_CONDITIONS, MANIFEST_FILE, RECORDS_FILE, legacy_setting_fields, read_rows
+from mars_bench.common.settings import setting_string
 
-OPTIONAL = {"theta": None, "guard": None, "temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
+OPTIONAL = {"temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
             "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
@@ -64,7 +64,7 @@ def gather(folders: list[str | Path]) -> pd.DataFrame:
 
 def gather_runs(folders: list[str | Path]) -> Gathered:
     """``gather``'s table, and the run folders it left out because none of their rows decoded."""
-    frames, left_out = [], []
+    frames, left_out, legacy = [], [], {}
     for folder in map(Path, folders):
         if not folder.exists():
             raise NoRecordsError(f"folder {str(folder)!r} does not exist")
@@ -74,6 +74,7 @@ def gather_runs(folders: list[str | Path]) -> Gathered:
                 left_out.append(refused)
             elif rows:
                 run = pd.DataFrame(rows).assign(run_dir=str(records.parent))
+                legacy.update(dict.fromkeys(name for row in rows for name in legacy_setting_fields(row)))
                 if any(row.get("schema_version", 1) < 4 for row in rows):  # written before verifier_setting
                     run["manifest_setting"] = manifest_setting(records)
                 if any(row.get("schema_version", 1) < 7 for row in rows):  # written before the last conditions
@@ -91,7 +92,7 @@ def gather_runs(folders: list[str | Path]) -> Gathered:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
-    return Gathered(name_conditions(name_drafter_settings(theta_from_settings(upgrade_old_records(frame)))), left_out)
+    return Gathered(name_conditions(name_drafter_settings(upgrade_old_records(frame, list(legacy)))), left_out)
 
 
 def manifest(records: Path) -> dict:
@@ -121,7 +122,7 @@ def add_manifest_conditions(run: pd.DataFrame, records: Path) -> None:
 
 
 def manifest_setting(records: Path) -> str | None:
-    """The verifier's settings as the run's manifest describes them (``theta=0.9,guard=never,...``), for
+    """The verifier's settings as the run's manifest describes them (``key=value,...``), for
     records older than ``verifier_setting``; None without a manifest."""
     methods = manifest(records).get("methods") or {}
     described = [m["verifier"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("verifier"), dict)]
@@ -130,40 +131,31 @@ def manifest_setting(records: Path) -> str | None:
     return setting_string({key: value for key, value in described[0].items() if key != "name"})
 
 
-def upgrade_old_records(frame: pd.DataFrame) -> pd.DataFrame:
-    """Read records of schema 3 and older as the current writer would have written them.
+def upgrade_old_records(frame: pd.DataFrame, legacy: list[str]) -> pd.DataFrame:
+    """Read records of schema 6 and older as the current writer would have written them.
 
-    Those writers counted the paper's trigger (theta 0.9, guard never) for every verifier; a row
-    without a theta ran a verifier without a trigger, so its count is dropped (a ``mars_ref`` row keeps
-    the paper's guarded count, the only one it has). They wrote no ``verifier_setting``: the run's
-    manifest gives it (the verifier's ``describe()``), else theta and guard, where set, stand in for it.
+    ``legacy``: the fields in which those writers put the live verifier's settings beside ``verifier_setting``
+    (``records.legacy_setting_fields``: the paper rule's settings, None where a verifier had none). They are
+    dropped: ``verifier_setting`` holds every verifier's own. Records of schema 3 and older wrote no
+    ``verifier_setting``: the run's manifest gives it (the verifier's ``describe()``), else those fields, where
+    set, stand in for it. Their writers also counted the paper's trigger for every verifier; a row none of
+    whose legacy fields is set ran a verifier without a trigger, so its count is dropped (a ``mars_ref`` row
+    keeps the paper's guarded count, the only one it has).
     """
     old = frame["schema_version"] < 4
     described = frame.pop("manifest_setting") if "manifest_setting" in frame else pd.Series(None, index=frame.index, dtype=object)
-    if not old.any():
-        return frame
-    frame["trigger_count"] = frame["trigger_count"].astype(object)
-    frame.loc[old & frame["theta"].isna(), "trigger_count"] = None
-    fallback = [setting_string({key: value for key, value in (("theta", theta), ("guard", guard)) if pd.notna(value)})
-                for theta, guard in zip(frame["theta"], frame["guard"])]  # fmt: skip
-    if "verifier_setting" not in frame:
-        frame["verifier_setting"] = None
-    frame["verifier_setting"] = frame["verifier_setting"].astype(object)
-    described = described.where(described.notna(), pd.Series(fallback, index=frame.index))
-    frame.loc[old, "verifier_setting"] = described[old]
-    return frame
-
-
-def theta_from_settings(frame: pd.DataFrame) -> pd.DataFrame:
-    """``theta``: the verifier's threshold where its setting has one (``theta=0.9,...``; None elsewhere), for
-    the figures drawn against it. Records carry it in ``verifier_setting`` only from schema 7 on; older
-    writers put a ``theta`` and a ``guard`` beside it for every verifier: their theta is kept, the guard
-    (read by ``upgrade_old_records`` alone) dropped."""
-    settings = frame["verifier_setting"] if "verifier_setting" in frame else pd.Series(None, index=frame.index, dtype=object)
-    derived = pd.Series([parse_setting(setting).get("theta") if isinstance(setting, str) else None for setting in settings],
-                        index=frame.index, dtype=object)  # fmt: skip
-    frame["theta"] = frame["theta"].astype(object).where(frame["theta"].notna(), derived)  # None: no threshold
-    return frame.drop(columns="guard")
+    if old.any():
+        values = frame.reindex(columns=legacy).astype(object)
+        frame["trigger_count"] = frame["trigger_count"].astype(object)
+        frame.loc[old & values.isna().all(axis=1), "trigger_count"] = None
+        fallback = [setting_string({key: value for key, value in row.items() if pd.notna(value)})
+                    for row in values.to_dict("records")]  # fmt: skip
+        if "verifier_setting" not in frame:
+            frame["verifier_setting"] = None
+        frame["verifier_setting"] = frame["verifier_setting"].astype(object)
+        described = described.where(described.notna(), pd.Series(fallback, index=frame.index))
+        frame.loc[old, "verifier_setting"] = described[old]
+    return frame.drop(columns=[name for name in legacy if name in frame])
 
 
 def name_drafter_settings(frame: pd.DataFrame) -> pd.DataFrame:

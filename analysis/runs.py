@@ -25,7 +25,7 @@ POOL_REPEATS = "--pool-repeats"  # the analysis's option that pools repeated run
 class Pooled:
     """One setting whose rows come from several run folders."""
 
-    setting: str  # readable: ``mars (theta=0.9) on humaneval (qwen, model, T=1)``
+    setting: str  # readable: ``rejection on humaneval (qwen, model, T=1)`` (cells.setting_name)
     folders: tuple[str, ...]  # the run folders (``run_dir``), sorted
     prompts: int  # distinct prompts (question and turn) over all of them
     repeated: int  # prompts that more than one folder measured (0: the folders' prompts are disjoint)

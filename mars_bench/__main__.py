@@ -11,11 +11,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from mars_bench.bench.run_folder import register_resolvers
 from mars_bench.common.paths import CONF_DIR as CONF_PATH
 from mars_bench.config import register_configs
 
 CONF_DIR = str(CONF_PATH)
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
@@ -44,7 +46,9 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
     from mars_bench.bench.records import RecordWriter
     from mars_bench.bench.run_folder import CONFIG_FILE, check_writable, recorded_cell, refuse, resuming_line
     from mars_bench.bench.summary import write_summary
+    from mars_bench.config import run_line
 
+    print(run_line(cfg), flush=True)  # stdout, before the progress bar and the summary
     name = recorded_cell(folder) or name
     try:
         check_writable(folder)

@@ -16,6 +16,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from mars_bench.common.paths import CONF_DIR
 from mars_bench.common.settings import parse_label, plugin_label
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import DecodeSettings
@@ -84,10 +85,11 @@ class VerifierCommon:
 def settings_schema(common: type, settings: dict[str, type]) -> tuple[type, dict[str, type]]:
     """The structured config of a plugin group, built from the plugins' own settings dataclasses.
 
-    Returns the group's schema (the common keys plus every plugin's settings, so that a shadow
-    verifier or a sweep override can read any of them; a key two plugins share takes the first
-    one's default) and, per plugin, a subclass whose defaults are that plugin's own
-    (``conf/<group>/<name>.yaml`` extends it, stored as ``schema_name(group, name)``).
+    Returns the group's union of keys (the common keys plus every plugin's settings; a key two plugins
+    share takes the first one's default), which only the checks of a command line's keys and value
+    types read, and, per plugin, a subclass of ``common`` with that plugin's own keys and defaults and
+    no other plugin's (``conf/<group>/<name>.yaml`` extends it, stored as ``schema_name(group, name)``),
+    so that ``verifier=exact verifier.theta=0.5`` has no key to set.
     """
     hints: dict[str, Any] = {}
     own_defaults: dict[str, dict[str, Any]] = {}
@@ -106,7 +108,7 @@ def settings_schema(common: type, settings: dict[str, type]) -> tuple[type, dict
     per_plugin = {
         plugin: make_dataclass(f"{plugin}_schema", [("name", str, field(default=plugin)),
                                *((key, hints[key], field(default=value)) for key, value in defaults.items())],
-                               bases=(schema,))  # fmt: skip
+                               bases=(common,))  # fmt: skip
         for plugin, defaults in own_defaults.items()
     }
     return schema, per_plugin
@@ -149,8 +151,9 @@ class TaskConfig:
 @dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    # Typed by the keys every plugin takes: the chosen plugin's schema (conf/<group>/<name>.yaml) brings its own.
+    drafter: DrafterCommon = field(default_factory=DrafterCommon)
+    verifier: VerifierCommon = field(default_factory=VerifierCommon)
     task: TaskConfig = field(default_factory=TaskConfig)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -158,6 +161,11 @@ class RunConfig:
     max_new_tokens: int = 128
     seed: int = 0
     batch_size: int = 1  # prompts decoded together by the batched engine (decoding/batched.py); 1: one at a time
+    backend: str = "transformers"  # what runs the method (mars_bench/backends): this package's engine on transformers
+    # The drafter tuning choice (conf/tuning): cpu applies a model's drafter settings measured on the CPU where
+    # conf/drafter_tuning/<model>_<drafter>_cpu.yaml has them, on any machine; none drafts with the drafter's defaults.
+    tuning: str = "none"
+    tuned: str | None = None  # the drafter tuning file that set this run's drafter settings (null: none did)
     warmup: int = 1  # warm-up decodes per method before timing (on a short prompt)
     threads: int | None = None  # torch CPU threads; null = all cores
     data_dir: str | None = None  # null: $MARS_BENCH_DATA, else ../shared/data beside the repository
@@ -179,19 +187,6 @@ class RunConfig:
     include_cut: bool = False  # score changes against the baseline count prompts whose answers were cut at the budget too
 
 
-CPU_PLACEMENTS = (None, "cpu")  # model.device_map values that keep the target on the CPU
-
-
-def cpu_tuned(key: str, value: Any, *, _parent_: Any, _root_: Any) -> Any:
-    """``${cpu_tuned:KEY,VALUE}`` in a drafter tuning (conf/drafter_tuning): the tuning's VALUE for the
-    drafter's KEY where the target runs on the CPU, where the tuning was measured; elsewhere (a
-    ``model.device_map`` placing it on a GPU) the drafter's own default for KEY, so a GPU run drafts as
-    the drafter does untuned instead of with settings measured on another machine (or refused)."""
-    if _root_.model.device_map in CPU_PLACEMENTS:
-        return value
-    return getattr(DRAFTER_SCHEMAS[_parent_.name], key)
-
-
 def schema_name(group: str, plugin: str) -> str:
     """The ConfigStore name of a plugin's schema, which ``conf/<group>/<plugin>.yaml`` extends
     (``- /<group>_<plugin>_schema@_here_``)."""
@@ -199,15 +194,11 @@ def schema_name(group: str, plugin: str) -> str:
 
 
 def register_configs() -> None:
-    """Store the schemas and register the config's resolvers.
+    """Store the schemas (the config's resolvers: ``bench.run_folder.register_resolvers``).
 
     The schemas are stored outside every config group (at the root, as primary configs are), so that
     Hydra neither lists them among a group's options (``--help``, its error for an unknown option) nor
     takes one as a choice: ``verifier=verifier_mars_schema`` is an unknown option."""
-    if not OmegaConf.has_resolver("cpu_tuned"):
-        OmegaConf.register_new_resolver("cpu_tuned", cpu_tuned)
-    if not OmegaConf.has_resolver("run_folder"):
-        OmegaConf.register_new_resolver("run_folder", run_folder)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for group, schemas in (("drafter", DRAFTER_SCHEMAS), ("verifier", VERIFIER_SCHEMAS)):
@@ -215,18 +206,9 @@ def register_configs() -> None:
             store.store(name=schema_name(group, name), node=schema)
 
 
-def run_folder(root: str, stamp: str, label: str, *, _root_: Any) -> str:
-    """``${run_folder:ROOT,STAMP,LABEL}``, the single run's folder (``hydra.run.dir``): ``output_dir`` where
-    that is set; else the newest unfinished run of this same configuration under ROOT, resumed; else a new
-    ``ROOT/STAMP_LABEL`` (mars_bench/bench/run_folder.py)."""
-    from mars_bench.bench.run_folder import choose_run_folder
-
-    return choose_run_folder(root, stamp, label, _root_)
-
-
 def plugin_settings(settings_class: type, config: Any) -> dict[str, Any]:
-    """The values of ``settings_class``'s fields in a config node (a drafter's or verifier's)."""
-    return {item.name: getattr(config, item.name) for item in fields(settings_class)}
+    """The values of ``settings_class``'s fields that a config node (a drafter's or verifier's) has."""
+    return {item.name: getattr(config, item.name) for item in fields(settings_class) if item.name in config}
 
 
 def verifier_params(verifier: Any) -> dict[str, Any]:
@@ -244,8 +226,6 @@ def method_spec(cfg: Any) -> MethodSpec:
     ``verifier`` node and the sampling keys, checked (ValueError, one line)."""
     drafter = cfg.drafter
     settings = drafter_params(drafter)
-    if cfg.batch_size > 1:  # batches draft without the settings that ride on one sequence's drafter
-        settings.update({key: off for key, (off, _) in ONE_SEQUENCE_SETTINGS.items() if key in settings})
     return MethodSpec.create(
         drafter.name,
         cfg.verifier.name,
@@ -256,9 +236,31 @@ def method_spec(cfg: Any) -> MethodSpec:
     )
 
 
+def tuning_words(cfg: Any) -> str:
+    """What the run's drafter tuning did: ``tuning=cpu (conf/drafter_tuning/<file>.yaml)``, or that none applied."""
+    if cfg.get("tuned"):
+        return f"tuning={cfg.tuning} (conf/drafter_tuning/{cfg.tuned}.yaml)"
+    if cfg.tuning == "none":
+        return "tuning=none (the drafter's own defaults)"
+    return f"tuning={cfg.tuning} (none measured for model={cfg.model.name} drafter={cfg.drafter.name}: its own defaults)"
+
+
+def run_line(cfg: Any) -> str:
+    """The run's first line: the method it runs with every drafter and verifier setting, and its tuning."""
+    try:
+        spec = method_spec(cfg)
+        drafter = f"{cfg.drafter.name}(length={spec.length.length},{spec.drafter_setting})"
+        verifier = plugin_label(cfg.verifier.name, spec.verifier_settings)
+    except (TypeError, ValueError):  # refused by the cell, in its own line
+        drafter, verifier = cfg.drafter.name, cfg.verifier.name
+    return (f"mars_bench: model={cfg.model.name} drafter={drafter} verifier={verifier} task={cfg.task.name} "
+            f"temperature={cfg.temperature:g} batch_size={cfg.batch_size}; {tuning_words(cfg)}")  # fmt: skip
+
+
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:
-    """label -> Verifier for each entry of ``cfg.shadow``: a name (``mars``) takes its settings
-    from cfg.verifier where that has them; a spec with settings (``mars(theta=0.8)``,
+    """label -> Verifier for each entry of ``cfg.shadow``: a name (``mars``) takes the settings that
+    the live verifier shares with it (its own, for a shadow of the live verifier; ``theta`` of a live
+    ``mars_ref`` for a ``mars`` shadow), the rest at its defaults; a spec with settings (``mars(theta=0.8)``,
     ``tv_budget(eps=0.05)``) sets those and leaves the rest at the verifier's defaults.
 
     The label is the name with its settings: ``mars(theta=0.9,guard=never,correction=residual)``."""
@@ -309,12 +311,51 @@ def allowed_keys(group: str) -> str:
 
 def check_override_keys(overrides: list[str]) -> None:
     """Refuse a command-line ``drafter.KEY=...`` or ``verifier.KEY=...`` whose KEY no drafter or verifier
-    declares, in one line naming the allowed keys (Hydra's own message would not name them)."""
+    declares, or that the chosen one does not take (``verifier=exact verifier.theta=0.5``), in one line
+    naming the allowed keys (Hydra's own message would not name them)."""
     for override in overrides:
         group, dot, rest = override.lstrip("+~").partition(".")
         key = rest.split("=", 1)[0]
-        if dot and group in PLUGIN_GROUPS and key not in {item.name for item in fields(PLUGIN_GROUPS[group].schema)}:
+        if not dot or group not in PLUGIN_GROUPS:
+            continue
+        plugins = PLUGIN_GROUPS[group]
+        if key not in {item.name for item in fields(plugins.schema)}:
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
+        common = {item.name for item in fields(plugins.common)}
+        for name in chosen_plugins(group, overrides):
+            own = [item.name for item in fields(plugins.settings_of(name))] if name in plugins.names() else None
+            if own is not None and key not in common and key not in own:
+                allowed = [*(item.name for item in fields(plugins.common) if item.name != "name"), *own]
+                words = f"allowed are {', '.join(allowed)}" if allowed else f"{group}={name} takes no settings"
+                raise ValueError(f"{group}.{key} is not a setting of {group}={name}: {words}")
+
+
+def chosen_plugins(group: str, overrides: list[str]) -> list[str]:
+    """The ``group`` options (verifiers, drafters) a command line runs: its ``group=...`` values, else the
+    chosen experiment's ``override /group``, else conf/config.yaml's default; empty where it cannot tell."""
+    choices = [value for override in parsed_overrides(overrides) if override.key_or_group == group
+               for value in override_values(override)]  # fmt: skip
+    if choices:
+        return [str(value) for value in choices]
+    experiments = [value for override in parsed_overrides(overrides) if override.key_or_group == "experiment"
+                   for value in override_values(override)]  # fmt: skip
+    for experiment in experiments:
+        if (chosen := default_choice(CONF_DIR / "experiment" / f"{experiment}.yaml", f"override /{group}")) is not None:
+            return [chosen]
+    default = default_choice(CONF_DIR / "config.yaml", group)
+    return [] if default is None else [default]
+
+
+def default_choice(path: Path, entry: str) -> str | None:
+    """The option a config file's defaults list gives ``entry`` (``verifier``, ``override /verifier``), or None."""
+    if not path.is_file():
+        return None
+    for item in OmegaConf.load(path).get("defaults", []) or []:
+        if isinstance(item, dict) or OmegaConf.is_dict(item):
+            for name, value in dict(item).items():
+                if name == entry and value is not None:
+                    return str(value)
+    return None
 
 
 ELSEWHERE = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")  # flags that read other configs
@@ -367,8 +408,6 @@ def check_group_choices(argv: list[str]) -> None:
     ``-cp``, ``-cn``, a search path that is not a folder) is left to Hydra."""
     import difflib
 
-    from mars_bench.common.paths import CONF_DIR
-
     if any(word.split("=", 1)[0] in ELSEWHERE for word in argv):
         return
     overrides = parsed_overrides(argv)
@@ -393,8 +432,9 @@ def schema_type(key: str) -> Any:
     """The declared type of the config leaf ``key`` (``verifier.theta``: ``float | None``); None where the
     schema declares none (a group, a key inside a free-form value, an unknown key)."""
     node: Any = RunConfig
+    unions = {group.common: group.schema for group in PLUGIN_GROUPS.values()}  # any plugin's key, by its type
     for part in key.split("."):
-        hints = get_type_hints(node) if is_dataclass(node) else {}
+        hints = get_type_hints(unions.get(node, node)) if is_dataclass(node) else {}
         if part not in hints:
             return None
         node = hints[part]
@@ -469,16 +509,32 @@ def lossless_verifiers() -> list[str]:
     return [name for name in available_verifiers() if get_verifier(name).lossless]
 
 
+def check_batch_settings(cfg: Any) -> None:
+    """Refuse, in one line, a drafter setting that rides on one sequence's drafter at ``batch_size`` > 1
+    (a batch would draft without it, running another method than the command names)."""
+    settings = drafter_params(cfg.drafter)
+    for key, (off, reason) in ONE_SEQUENCE_SETTINGS.items():
+        if key in settings and settings[key] != off:
+            source = f" (set by tuning={cfg.tuning}; tuning=none drafts without it)" if cfg.get("tuned") else ""
+            shown = str(settings[key]).lower() if isinstance(settings[key], bool) else settings[key]
+            raise ValueError(f"drafter.{key}={shown}{source} {reason}: allowed at batch_size={cfg.batch_size} "
+                             f"is drafter.{key}={str(off).lower() if isinstance(off, bool) else off}")  # fmt: skip
+
+
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
     method_spec(cfg)
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
+    from mars_bench.backends import check_backend
+
+    check_backend(cfg.backend)
     if cfg.batch_size > 1:
         from mars_bench.drafting.batched import check_batch_drafter
 
         check_batch_drafter(cfg.drafter.name)
+        check_batch_settings(cfg)
     check_tree_judges(cfg.drafter.name, shadow_verifiers(cfg))
     check_accuracy_mode(cfg)
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:

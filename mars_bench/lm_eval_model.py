@@ -1,8 +1,11 @@
 """An lm-evaluation-harness model whose ``generate_until`` runs our speculative decoder.
 
     mars-bench-lm-eval run --model mars_bench \
-        --model_args target=HuggingFaceTB/SmolLM2-135M-Instruct,drafter=lookup,verifier=mars,theta=0.9 \
+        --model_args target=HuggingFaceTB/SmolLM2-135M-Instruct,drafter=lookup,verifier=mars,KEY=VALUE \
         --include_path examples/lm_eval --tasks gsm8k_local --limit 5
+
+(``KEY=VALUE``: any setting of the named verifier or drafter, by the name its settings class declares;
+docs/tasks.md#lm-eval gives the command with the ``mars`` rule's threshold.)
 
 ``mars-bench-lm-eval`` is lm-eval's own command line with this model registered (plain
 ``lm_eval`` knows only the models it ships; from Python, importing this module registers
@@ -47,7 +50,9 @@ class MarsBenchLM(LM):
     (eagle3 needs a head, which this model does not take); gamma, length, max_gamma, min_confidence
     and draft_cost: the draft length, as the app's ``drafter.*`` keys; temperature and top_p: the
     sampling unless a task's ``gen_kwargs`` set it; any further ``model_args`` are the named
-    drafter's and verifier's own settings (e.g. theta, layers, draft_vocab, weights).
+    drafter's and verifier's own settings, by the names their settings classes declare
+    (``drafter_settings(drafter)``, ``verifier_settings(verifier)``: e.g. layers, draft_vocab, weights),
+    so a verifier registered later takes its own without an edit here.
 
     lm-eval's ``--batch_size B`` decodes up to B consecutive requests of the same ``gen_kwargs`` together
     in the batched engine (``decoding/batched.py``; a tree drafter is refused there); 1 decodes each alone."""

@@ -447,23 +447,27 @@ def test_two_real_runs_that_differ_only_in_max_new_tokens_stay_apart(tiny_target
     assert len(summary) == len(quality) == 2
 
 
-def test_theta_comes_from_the_verifier_setting_and_old_records_keep_their_own(tmp_path):
+def test_a_verifiers_settings_come_from_its_recorded_setting_and_old_records_keep_their_own(tmp_path):
     for theta in (0.84, 0.9):
         app_written_run(tmp_path / "new" / str(theta), {"baseline": 1.0, "mars": 1.0}, f"verifier.theta={theta}")
     written = json.loads((tmp_path / "new" / "0.84" / "records.jsonl").read_text().splitlines()[0])
     assert "theta" not in written and "guard" not in written and written["verifier_setting"].startswith("theta=0.84,")
     summary = method_summary(gather([tmp_path / "new"])).set_index("label")
-    assert summary["theta"].to_dict() == {"mars (theta=0.84)": 0.84, "mars (theta=0.9)": 0.9}
+    assert summary["theta"].to_dict() == {"mars (theta=0.84)": 0.84, "mars (theta=0.9)": 0.9}  # the setting that varies
+    assert "guard" not in summary  # the same in every cell: in verifier_setting only
     old = [record(0, m, 10, 2.0 if m == "baseline" else 1.0, 3, theta=0.88, guard="never") for m in ("baseline", "mars")]
     write_run(tmp_path / "old", old)  # schema 1: theta and guard beside the verifier, no verifier_setting
     frame = gather([tmp_path / "old"])
-    assert frame["theta"].tolist() == [0.88, 0.88] and "guard" not in frame
+    assert "theta" not in frame and "guard" not in frame  # read into verifier_setting, then dropped
     assert method_summary(frame)["verifier_setting"].tolist() == ["theta=0.88,guard=never"]
+    both = method_summary(gather([tmp_path])).set_index("label")  # old and new records split by the same setting
+    assert both["theta"].to_dict() == {"mars (theta=0.84, correction=residual)": 0.84, "mars (theta=0.88)": 0.88,
+                                       "mars (theta=0.9, correction=residual)": 0.9}  # the old writer knew no correction
 
 
 def test_the_pareto_figure_takes_a_ci_that_collapses_onto_its_point_a_rounding_error_away(tmp_path):
     speedup = 5.1427348799927435
     row = {"model": "qwen", "drafter": "model", "task": "humaneval", "temperature": 1.0, "verifier": "rejection",
-           "theta": np.nan, "label": "rejection", "speedup": speedup, "speedup_ci_low": speedup + 8.9e-16,
+           "verifier_setting": "", "label": "rejection", "speedup": speedup, "speedup_ci_low": speedup + 8.9e-16,
            "speedup_ci_high": speedup, "score": 0.0, "score_ci_low": 0.0, "score_ci_high": 0.0}  # fmt: skip
     assert pareto(pd.DataFrame([row]), tmp_path / "pareto.png").is_file()  # matplotlib refuses a negative error bar

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import SMOKE, app, run_config
 from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
+from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 
 import mars_bench
@@ -27,7 +27,7 @@ from mars_bench.tasks import QuestionFileError
 
 GROUPS = {
     group: sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
-    for group in ("model", "drafter", "verifier", "task", "experiment")
+    for group in ("model", "drafter", "verifier", "task", "experiment", "tuning")
 }
 
 
@@ -40,7 +40,9 @@ def test_every_group_option_composes_and_validates(group, option):
         overrides.append("model=llama3.1-8b")  # a target with a published EAGLE-3 head
     cfg = run_config(*overrides)
     check_run_config(cfg)
-    if group != "experiment":
+    if group == "tuning":
+        assert cfg.tuning == option
+    elif group != "experiment":
         assert cfg[group].name == option
 
 
@@ -54,7 +56,7 @@ def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults
         tree = compose(config_name="config", overrides=["drafter=model_tree"])
         eagle = compose(config_name="config", overrides=["drafter=eagle3", "model=llama3.1-8b"])
         chain = compose(config_name="config", overrides=["drafter=model", "drafter.length=schedule", "drafter.max_gamma=9",
-                                                         "~drafter_tuning"])  # fmt: skip
+                                                         "tuning=none"])  # fmt: skip
     tree, eagle, chain = method_spec(tree), method_spec(eagle), method_spec(chain)
     assert tree.drafter_setting == "gamma=5,top_k=3,tree_tokens=16"
     assert eagle.drafter_setting == "gamma=7,top_k=10,tree_tokens=50"  # the same keys, the drafter's own defaults
@@ -64,7 +66,7 @@ def test_each_shipped_plugin_option_is_a_registered_plugin_with_its_own_defaults
 
 AS_LOADED = {"gamma": 5, "length": "fixed", "min_confidence": 0.4, "draft_vocab": None, "weights": None, "guesses": 0}
 TUNED_PAIR = {"gamma": 20, "length": "confidence", "min_confidence": 0.6, "draft_vocab": 32768, "weights": "int4",
-              "guesses": 3}  # conf/drafter_tuning
+              "guesses": 3}  # conf/drafter_tuning/qwen2.5-coder-1.5b_model_cpu.yaml
 
 
 def _drafter_keys(cfg) -> dict:
@@ -76,7 +78,7 @@ def test_the_embedded_pair_drafts_with_its_measured_best_settings_and_a_command_
     assert _drafter_keys(run_config()) == TUNED_PAIR
     assert _drafter_keys(run_config("drafter.length=fixed")) == {**TUNED_PAIR, "length": "fixed"}
     assert _drafter_keys(run_config("drafter.weights=null", "drafter.gamma=3")) == {**TUNED_PAIR, "weights": None, "gamma": 3}
-    assert _drafter_keys(run_config("~drafter_tuning")) == AS_LOADED  # the drafter as loaded, gamma fixed
+    assert _drafter_keys(run_config("tuning=none")) == AS_LOADED  # the drafter as loaded, gamma fixed
     assert _drafter_keys(run_config("model=qwen3-8b")) == AS_LOADED  # another pair: nothing measured, nothing tuned
     tree = run_config("drafter=model_tree")  # the tuning is the chain drafter's: the tree keeps its own defaults
     assert (tree.drafter.length, tree.drafter.draft_vocab, tree.drafter.weights) == ("fixed", None, None)
@@ -89,45 +91,80 @@ def test_the_paper_experiments_run_the_drafter_as_loaded_with_gamma_fixed(experi
     assert _drafter_keys(run_config(f"experiment={experiment}", "drafter.weights=int8"))["weights"] == "int8"
 
 
-def test_each_drafter_tuning_names_a_model_and_a_drafter_option_and_sets_only_that_drafters_keys():
+def test_each_drafter_tuning_names_a_model_a_drafter_and_a_tuning_option_and_sets_only_that_drafters_keys():
     from mars_bench.config import DrafterCommon
     from mars_bench.drafting import drafter_settings
 
     tunings = sorted((Path(CONF_DIR) / "drafter_tuning").glob("*.yaml"))
     assert tunings
     for tuning in tunings:
-        model, _, drafter = tuning.stem.rpartition("_")
-        assert model in GROUPS["model"] and drafter in GROUPS["drafter"], tuning.name
-        keys = set(OmegaConf.load(tuning))
+        rest, _, choice = tuning.stem.rpartition("_")
+        model, _, drafter = rest.rpartition("_")
+        assert model in GROUPS["model"] and drafter in GROUPS["drafter"] and choice in GROUPS["tuning"], tuning.name
+        content = OmegaConf.load(tuning)
+        assert set(content) == {"tuned", "drafter"} and content.tuned == tuning.stem, tuning.name
         allowed = {item.name for item in fields(DrafterCommon)} | {item.name for item in fields(drafter_settings(drafter))}
-        assert keys and keys <= allowed - {"name"}, tuning.name
-        cfg = run_config(f"model={model}", f"drafter={drafter}")
-        on_cpu = OmegaConf.create({"model": {"device_map": None}, "drafter": OmegaConf.load(tuning)})  # as measured
-        assert all(cfg.drafter[key] == value for key, value in OmegaConf.to_container(on_cpu.drafter, resolve=True).items())
+        assert set(content.drafter) and set(content.drafter) <= allowed - {"name"}, tuning.name
+        cfg = run_config(f"model={model}", f"drafter={drafter}", f"tuning={choice}")
+        assert cfg.tuned == tuning.stem and all(cfg.drafter[key] == value for key, value in content.drafter.items())
         check_run_config(cfg)
-        on_gpu = run_config(f"model={model}", f"drafter={drafter}", "model.device_map=cuda")
-        untuned = run_config(f"model={model}", f"drafter={drafter}", "~drafter_tuning")
-        assert all(on_gpu.drafter[key] == untuned.drafter[key] for key in keys), tuning.name  # tuned on the CPU only
+        untuned = run_config(f"model={model}", f"drafter={drafter}", "tuning=none")
+        assert untuned.tuned is None and any(untuned.drafter[key] != value for key, value in content.drafter.items())
 
 
-def test_on_a_gpu_the_main_command_drafts_as_loaded_and_is_not_refused_for_the_cpus_int4():
-    cfg = run_config("model.device_map=cuda")
-    check_run_config(cfg)  # no GPU is needed to compose and check it
-    assert _drafter_keys(cfg) == AS_LOADED
-    gpu_confidence = run_config("model.device_map=cuda", "drafter.length=confidence")  # a command line key still wins
-    assert _drafter_keys(gpu_confidence) == {**AS_LOADED, "length": "confidence"}
-    assert _drafter_keys(run_config("model.device_map=cpu")) == TUNED_PAIR  # placed on the CPU: tuned as measured
+def test_the_same_command_runs_the_same_method_on_every_machine():
+    for placement in ("cuda", "cpu", "auto"):
+        cfg = run_config(f"model.device_map={placement}")
+        assert _drafter_keys(cfg) == TUNED_PAIR and cfg.tuning == "cpu", placement
+        check_run_config(cfg)  # no GPU is needed to compose and check it
+        assert _drafter_keys(run_config(f"model.device_map={placement}", "tuning=none")) == AS_LOADED
+
+
+def test_the_first_line_names_the_method_and_its_tuning():
+    from mars_bench.config import run_line
+
+    assert run_line(run_config()) == (
+        "mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=confidence,gamma=20,draft_vocab=32768,"
+        "context_vocab=True,weights=int4,guesses=3) verifier=mars(theta=0.9,guard=never,correction=residual) "
+        "task=humaneval temperature=1 batch_size=1; tuning=cpu (conf/drafter_tuning/qwen2.5-coder-1.5b_model_cpu.yaml)"
+    )
+    assert run_line(run_config("tuning=none")).endswith("; tuning=none (the drafter's own defaults)")
+    assert run_line(run_config("drafter=lookup")).endswith(
+        "; tuning=cpu (none measured for model=qwen2.5-coder-1.5b drafter=lookup: its own defaults)"
+    )
+
+
+def test_a_setting_that_rides_on_one_sequence_is_refused_at_batch_size_above_1_not_dropped():
+    refused = (r"^drafter.guesses=3 \(set by tuning=cpu; tuning=none drafts without it\) "
+               r"rides on one sequence's drafter forwards: allowed at batch_size=4 is drafter.guesses=0$")
+    with pytest.raises(ValueError, match=refused):
+        check_run_config(run_config("batch_size=4"))
+    with pytest.raises(ValueError, match=r"^drafter.context_vocab=true .*at batch_size=2 is drafter.context_vocab=false$"):
+        check_run_config(run_config("batch_size=2", "drafter.guesses=0"))
+    cfg = run_config("batch_size=4", "drafter.guesses=0", "drafter.context_vocab=false")
+    check_run_config(cfg)
+    from mars_bench.config import method_spec
+
+    assert method_spec(cfg).drafter_settings.guesses == 0  # what runs is what the command says
+    batching = run_config("experiment=batching", "batch_size=4")  # the recipe says it, at every batch size
+    check_run_config(batching)
+    assert _drafter_keys(batching) == {**TUNED_PAIR, "guesses": 0}
 
 
 @pytest.mark.slow
 def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path, tiny_target):
-    tuning = tmp_path / "conf" / "drafter_tuning" / "smollm2-135m_model.yaml"
+    tuning = tmp_path / "conf" / "drafter_tuning" / "smollm2-135m_model_cpu.yaml"
     tuning.parent.mkdir(parents=True)
-    tuning.write_text("# @package drafter\nlength: confidence\nweights: int8\n")
+    tuning.write_text("# @package _global_\ntuned: smollm2-135m_model_cpu\ndrafter:\n  length: confidence\n  weights: int8\n")
     # the model option smollm2-135m, on the tiny target drafting for itself (conftest.tiny_target): the tuning is the option's
     settings = ["drafter=model", f"model.target={tiny_target}", f"model.draft_model={tiny_target}"]
     done = app(*SMOKE, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("mars_bench: model=smollm2-135m drafter=model(length=confidence,gamma=5,weights=int8) ")
+    assert first.endswith("; tuning=cpu (conf/drafter_tuning/smollm2-135m_model_cpu.yaml)")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert (manifest["config"]["tuning"], manifest["config"]["tuned"]) == ("cpu", "smollm2-135m_model_cpu")
     method = [row for row in read_rows(tmp_path / "run" / "records.jsonl") if row["method"] != "baseline"]
     assert method and all(row["drafter_setting"] == "gamma=5,weights=int8" for row in method)
     assert all(row["draft_length"] == "confidence" and row["status"] == "ok" for row in method)
@@ -140,7 +177,24 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
         check_override_keys(["drafter=model_tree", "drafter.topk=3"])
     with pytest.raises(ValueError, match=r"verifier.thet is not a verifier setting: allowed are .*mars: correction entropy_gate"):
         check_override_keys(["+verifier.thet=0.9"])
-    check_override_keys(["drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"])  # declared keys pass
+    declared = ["drafter=model_tree", "drafter.top_k=3", "verifier.theta=0.8,0.9", "hydra.sweep.dir=x"]
+    check_override_keys(declared)  # declared keys pass
+
+
+def test_a_plugin_takes_only_its_own_keys():
+    from mars_bench.config import check_override_keys
+
+    with pytest.raises(ValueError, match=r"^verifier.theta is not a setting of verifier=exact: verifier=exact takes no settings"):
+        check_override_keys(["verifier=exact", "verifier.theta=0.5"])
+    with pytest.raises(ValueError, match=r"^drafter.top_k is not a setting of drafter=model: allowed are gamma, length"):
+        check_override_keys(["drafter.top_k=3"])  # the default drafter, model, drafts chains
+    with pytest.raises(ValueError, match=r"verifier=rejection takes no settings"):
+        check_override_keys(["experiment=zoo", "verifier.theta=0.5"])  # the experiment's verifier
+    with pytest.raises(ValueError, match=r"verifier=exact"):
+        check_override_keys(["-m", "verifier=mars,exact", "verifier.theta=0.5"])  # every verifier a sweep runs
+    with pytest.raises(ConfigCompositionException, match="Could not override 'verifier.theta'"):
+        run_config("verifier=exact", "verifier.theta=0.5")  # and the composed config has no such key either
+    assert "theta" not in run_config("verifier=exact").verifier
 
 
 @pytest.mark.slow
@@ -322,7 +376,7 @@ def test_a_tree_drafter_with_a_separate_model_runs_a_cell_losslessly(tmp_path, t
 
 def test_a_draft_model_equal_to_the_target_is_loaded_once(monkeypatch):
     """The target's and the drafter's loads are one cache entry when they name the same weights and placement."""
-    from mars_bench.bench import cell
+    from mars_bench.backends import hf as cell  # where the transformers backend loads its models
 
     loads = []
 

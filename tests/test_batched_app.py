@@ -84,7 +84,8 @@ def test_the_summary_gives_throughput_and_latency_against_the_baseline_at_the_sa
     ("batch_size=0", "batch_size=0 is invalid: allowed is an integer >= 1"),
     ("batch_size=-2", "batch_size=-2 is invalid: allowed is an integer >= 1"),
     ("batch_size=2.5", "batch_size=2.5 is invalid: allowed is an integer"),
-    ("batch_size=4 drafter=model_tree", "drafter='model_tree' is not batched yet (batch_size > 1): allowed are none, lookup"),
+    ("batch_size=4 drafter=model drafter.guesses=2",
+     "drafter.guesses=2 rides on one sequence's drafter forwards: allowed at batch_size=4 is drafter.guesses=0"),
 ])  # fmt: skip
 def test_a_bad_batch_size_or_an_unbatched_drafter_is_refused_in_one_line_before_loading(override, message):
     result = app("experiment=smoke", "model.target=/nonexistent", *override.split())

@@ -14,6 +14,7 @@ from conftest import SHARED_DATA, HostSyncs, OnDevice, tiny_model
 from mars_bench import build_drafter
 from mars_bench.decoding import decode
 from mars_bench.decoding.batched import _Batch, decode_batch
+from mars_bench.drafting.base import Drafter
 from mars_bench.drafting.model import ModelDrafter
 from mars_bench.drafting.stop import ConfidenceStop, GainStop
 
@@ -178,11 +179,22 @@ def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
     assert together[2].decode_s < max(result.decode_s for result in together)  # its latency ends where it stops
 
 
+class OwnDrafter(Drafter):
+    """A drafter of a user's own, with no batched form: the engine drafts one row with it, never several."""
+
+    name = "mine"
+
+    def propose(self, context, max_drafts, sampling, generator):
+        return build_drafter("lookup").propose(context, max_drafts, sampling, generator)
+
+
 def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
-    tree = build_drafter("model_tree", model=tiny_model("llama", seed=3, layers=2), vocab_size=96)
-    refused = "drafter='model_tree' is not batched yet \\(batch_size > 1\\): allowed are none, lookup, model, layerskip"
+    alone = decode_batch(tiny, OwnDrafter(), "exact", [[1, 2, 3, 1, 2]], max_new_tokens=6)  # one row: its own code
+    assert alone[0].tokens == decode(tiny, None, None, [1, 2, 3, 1, 2], max_new_tokens=6).tokens
+    allowed = "none, lookup, model, layerskip, model_tree, eagle3"
+    refused = f"drafter='mine' is not batched yet \\(batch_size > 1\\): allowed are {allowed}"
     with pytest.raises(ValueError, match=refused):
-        decode_batch(tiny, tree, "exact", [[1, 2, 3]])
+        decode_batch(tiny, OwnDrafter(), "exact", [[1, 2, 3], [4]])
     with pytest.raises(ValueError, match="prompts is empty"):
         decode_batch(tiny, None, None, [])
     with pytest.raises(ValueError, match="prompt 1 is empty"):

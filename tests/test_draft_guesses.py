@@ -62,14 +62,18 @@ def test_a_bad_guesses_value_is_refused_in_one_line(value):
         ModelSettings(guesses=value)
 
 
-def test_a_run_at_batch_size_4_drafts_without_guesses_and_its_label_says_so():
+def test_a_run_at_batch_size_4_says_it_drafts_without_guesses_and_its_label_says_so():
     from conftest import run_config
 
-    from mars_bench.config import method_spec
+    from mars_bench.config import check_run_config, method_spec
 
-    single, batched = run_config(), run_config("batch_size=4")  # the embedded pair's tuning sets guesses=3 and context_vocab
-    assert single.drafter.guesses == batched.drafter.guesses == 3 and single.drafter.context_vocab
+    single = run_config()  # the embedded pair's tuning sets guesses=3 and context_vocab
+    assert single.drafter.guesses == 3 and single.drafter.context_vocab
     assert "guesses=3" in method_spec(single).drafter_setting and "context_vocab=True" in method_spec(single).drafter_setting
+    with pytest.raises(ValueError, match=r"^drafter.guesses=3 \(set by tuning=cpu"):
+        check_run_config(run_config("batch_size=4"))  # refused in one line, not dropped
+    batched = run_config("batch_size=4", "drafter.guesses=0", "drafter.context_vocab=false")
+    check_run_config(batched)
     assert method_spec(batched).drafter_settings.guesses == 0 and "guesses" not in method_spec(batched).drafter_setting
     assert not method_spec(batched).drafter_settings.context_vocab and "context_vocab" not in method_spec(batched).drafter_setting
 

@@ -173,8 +173,6 @@ def test_the_decode_tally_pools_tau_and_acceptance_over_requests():
 def test_a_bad_batch_size_is_refused_in_one_line_before_any_model_loads(batch_size, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
         MarsBenchLM(target="/nonexistent", drafter="lookup", batch_size=batch_size)
-    with pytest.raises(ValueError, match=r"^drafter='model_tree' is not batched yet \(batch_size > 1\)"):
-        MarsBenchLM(target="/nonexistent", drafter="model_tree", batch_size=2)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from mars_bench.bench.manifest import cpu_description
 from mars_bench.bench.records import read_rows
+from mars_bench.bench.run_folder import register_resolvers
 from mars_bench.common.paths import CONF_DIR
 from mars_bench.common.settings import parse_setting, plugin_label
 from mars_bench.config import (
@@ -68,7 +69,8 @@ ONE_TASK = ["task.num_prompts=1", "task=humaneval"]  # a sweep run on one prompt
 LARGE = re.compile(r"model=(llama|qwen3|vicuna)|drafter=eagle3|experiment=table1")
 
 pytestmark = pytest.mark.slow
-register_configs()  # the app's config schemas, as its entry point registers them before Hydra composes
+register_configs()  # the app's config schemas and resolvers, as its entry point registers them before Hydra composes
+register_resolvers()
 
 
 def shell_commands(text: str) -> list[str]:
@@ -241,7 +243,7 @@ def test_each_single_run_command_differs_from_the_main_one_only_in_configuration
 
 
 ABLATION_STRICT = "python -m mars_bench -m experiment=threshold_ablation verifier=rejection"
-ABLATION = "python -m mars_bench -m experiment=threshold_ablation hydra.sweep.dir=DIR"
+ABLATION = "python -m mars_bench -m experiment=threshold_ablation verifier.theta=0.84,0.88,0.9,0.94,0.98 hydra.sweep.dir=DIR"
 ABLATION_ANALYSIS = "python -m analysis DIR --out"
 THETAS = (0.84, 0.88, 0.9, 0.94, 0.98)
 
@@ -261,8 +263,9 @@ def ablation(tmp_path_factory, tiny_target) -> Path:
 def test_the_papers_threshold_ablation_then_its_analysis(ablation):
     strict, sweep = composed_cells(shown(ABLATION_STRICT)), composed_cells(shown(ABLATION))
     assert [(cfg.task.name, cfg.verifier.name) for cfg in strict] == [("humaneval", "rejection"), ("gsm8k", "rejection")]
-    assert [(cfg.task.name, cfg.verifier.theta) for cfg in sweep] == [(task, theta) for theta in THETAS
-                                                                      for task in ("humaneval", "gsm8k")]  # fmt: skip
+    assert sorted((cfg.task.name, cfg.verifier.theta) for cfg in sweep) == sorted(
+        (task, theta) for theta in THETAS for task in ("humaneval", "gsm8k")
+    )
     assert all(list(cfg.shadow) == ["rejection", "mars"] and cfg.temperature == 1.0 for cfg in strict + sweep)
     cells = cells_below(ablation / "DIR")
     assert len(cells) == 1 + 5  # the strict cell, then 5 thetas, on the one task run here
@@ -270,7 +273,7 @@ def test_the_papers_threshold_ablation_then_its_analysis(ablation):
     for cell in cells:
         rows = {row["method"]: row for row in read_rows(cell / "records.jsonl")}
         method = rows["rejection" if "rejection" in cell.name else "mars"]
-        theta = theta_of(method) or 0.9  # shadows take the cell's verifier.theta (0.9 in the strict command)
+        theta = theta_of(method) or 0.9  # a mars shadow takes a mars cell's theta; beside rejection, its default 0.9
         assert list(method["shadow_accepted"]) == ["rejection", f"mars(theta={theta},guard=never,correction=residual)"]
         assert all(len(kept) == len(method["step_accepted"]) for kept in method["shadow_accepted"].values())
         baselines.append(rows["baseline"])

@@ -37,6 +37,7 @@ def killed_app(where: str, count: int, overrides: list[str]) -> int:
       after N  right after the write that flushed the N-th row of records.jsonl
       in N     halfway through writing the N-th row (a batch's rows are one write): what a kill inside
                the write leaves on disk"""
+    from mars_bench.backends import hf
     from mars_bench.bench import cell, records
 
     def die(*args, **kwargs):
@@ -58,7 +59,7 @@ def killed_app(where: str, count: int, overrides: list[str]) -> int:
 
     if where == "load":
         cell.forget_loaded_models()  # the models this process loaded already: the target loads afresh
-        cell.load_model = die
+        hf.load_model = die  # the transformers backend's loader (mars_bench/backends/hf.py)
     records.RecordWriter.write_many = write_then_die
     return run_main("mars_bench", *overrides)
 

@@ -1,7 +1,7 @@
 """Baseline rows shared by the cells of a sweep.
 
-A threshold sweep runs the same baseline (same target, prompt, sampling settings and seed)
-once per theta; with a shared cache folder each baseline is decoded once and every other
+A sweep over a verifier's setting runs the same baseline (same target, prompt, sampling settings
+and seed) once per value; with a shared cache folder each baseline is decoded once and every other
 cell copies its row. The copy says where it came from (``baseline_from``). Its seconds were
 measured in the first cell, so speedups of later cells compare against a baseline timed
 earlier on the same machine rather than alternated with them.
@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from mars_bench.bench.claims import Claim
-from mars_bench.bench.records import RETIRED, read_rows
+from mars_bench.bench.records import RECORD_FIELDS, read_rows
 from mars_bench.common.files import atomic_create
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
@@ -57,6 +58,16 @@ def batch_baseline_key(cfg: Any, rows: list[tuple[Any, list[int], int]]) -> str:
     return hashlib.sha256(json.dumps(keys).encode()).hexdigest()
 
 
+def retired_settings() -> frozenset[str]:
+    """The fields that rows cached by schema 6 and older carry and records no longer have: the verifier settings
+    those writers put beside ``verifier_setting`` (any registered verifier's setting that no Record declares).
+    The registry is read here, when a cell reads its cache, so that importing this module never imports torch."""
+    from mars_bench.verification import available_verifiers, verifier_settings
+
+    names = {item.name for name in available_verifiers() for item in fields(verifier_settings(name))}
+    return frozenset(names - RECORD_FIELDS)
+
+
 def cache_entries(folder: Path) -> list[Path]:
     """The entry files of a cache folder (one baseline each)."""
     return sorted(path for path in folder.glob(f"*{ENTRY_SUFFIX}") if not path.name.startswith("."))
@@ -76,12 +87,15 @@ class BaselineCache:
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The kept row of ``key`` (None: none yet), less the fields that rows cached by older versions
-        carry and records no longer have (``records.RETIRED``)."""
+        carry and records no longer have (``retired_settings``)."""
         try:
             row = json.loads(self.entry(key).read_text(encoding="utf-8"))["row"]
         except FileNotFoundError:
             row = self.legacy.get(key)
-        return None if row is None else {name: value for name, value in row.items() if name not in RETIRED}
+        if row is None:
+            return None
+        retired = retired_settings()
+        return {name: value for name, value in row.items() if name not in retired}
 
     def get_or_claim(self, key: str) -> dict[str, Any] | None:
         """The kept row of ``key``, waiting for it while another job decodes it; None once this job

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +20,20 @@ RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
-SCHEMA_VERSION = 10  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 11  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
 # 7: attn_implementation, device_map, scorer, threads (with the others, every one of BASELINE_CONDITIONS);
-#    no theta, guard (MARS's settings, written for every verifier: verifier_setting holds every verifier's)
+#    the live verifier's settings no longer written as fields of their own beside verifier_setting (schema 6 and
+#    older wrote the paper rule's two there, for every verifier; verifier_setting holds every verifier's)
 # 8: batch_size (a baseline condition), batch_id, batch_rows, batch_s, finish_s (rows decoded B at a time)
 # 9: step_drafted, step_draft_s, step_target_s (per step: what the cost model at batch B needs, analysis/batching.py),
 #    peak_memory_mb
 # 10: finished (the answer ended on a stop token or string, not at the token budget)
-RETIRED = ("theta", "guard")  # fields of schema 6 and older that no Record has now (readers: analysis/gather.py)
+# 11: backend (what ran the method: the engine of this package, transformers, or another backend)
+SETTINGS_AS_FIELDS_UNTIL = 6  # the last schema whose rows carried verifier settings as fields (``legacy_setting_fields``)
+RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: no reader takes them for verifier settings
 
 # What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
 # that every record carries under these names. Rows that agree on them (and on question and turn) have
@@ -54,7 +57,7 @@ class Record:
     drafter: str
     gamma: int  # drafts per step (the starting value under an adaptive draft length)
     verifier: str
-    verifier_setting: str  # the verifier's settings, e.g. "theta=0.9,guard=never,correction=residual"
+    verifier_setting: str  # the verifier's settings as key=value pairs (common.settings.setting_string)
     temperature: float
     top_p: float
     top_k: int
@@ -130,11 +133,25 @@ class Record:
     baseline_from: str | None = None  # baseline rows reused from another cell: the cell that decoded them
     draft_length: str = "fixed"  # the draft-length policy: fixed | schedule | confidence
     drafter_setting: str = ""  # the drafter's shaping keys, e.g. "gamma=5,top_k=3,tree_tokens=16"
+    backend: str = "transformers"  # what ran the method (mars_bench/backends); older rows: transformers
     schema_version: int = SCHEMA_VERSION
 
     @property
     def key(self) -> tuple[str, int, str]:
         return (str(self.question_id), self.turn, self.method)
+
+
+RECORD_FIELDS = frozenset(item.name for item in fields(Record))  # every field a record of this schema has
+
+
+def legacy_setting_fields(row: Mapping[str, Any]) -> list[str]:
+    """The fields of ``row`` that hold the live verifier's settings as fields of their own, in row order: in a
+    row of schema ``SETTINGS_AS_FIELDS_UNTIL`` or older, every field that no Record declares now (its writers
+    put the paper rule's settings there, for every verifier, None where it had none); none in a newer row.
+    A reader takes them from the row itself, so that no setting's name is written down outside its verifier."""
+    if row.get("schema_version", 1) > SETTINGS_AS_FIELDS_UNTIL:
+        return []
+    return [name for name in row if name not in RECORD_FIELDS and name not in RETIRED_LATER]
 
 
 def finite_or_none(value: float) -> float | None:

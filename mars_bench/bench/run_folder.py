@@ -206,3 +206,20 @@ def remove_if_unused(folder: Path, hydra_files: set[str]) -> None:
             folder.parent.rmdir()  # the day's folder, where this was its only run
         except OSError:
             pass
+
+
+def register_resolvers() -> None:
+    """Register the resolvers conf/config.yaml calls: ``${run_folder:...}`` (``hydra.run.dir``) and
+    ``${verifier_label:}`` (``hydra.sweep.subdir``)."""
+    from mars_bench.bench.folder_names import register_folder_names
+
+    if not OmegaConf.has_resolver("run_folder"):
+        OmegaConf.register_new_resolver("run_folder", run_folder)
+    register_folder_names()
+
+
+def run_folder(root: str, stamp: str, label: str, *, _root_: Any) -> str:
+    """``${run_folder:ROOT,STAMP,LABEL}``, the single run's folder (``hydra.run.dir``): ``output_dir`` where
+    that is set; else the newest unfinished run of this same configuration under ROOT, resumed; else a new
+    ``ROOT/STAMP_LABEL`` (``choose_run_folder``)."""
+    return choose_run_folder(root, stamp, label, _root_)

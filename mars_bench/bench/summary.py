@@ -251,7 +251,7 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False, inclu
 
 
 def recorded_setting(rows: pd.DataFrame) -> str:
-    """The verifier's settings of a method's rows (``theta=0.9,guard=never,...``); empty where rows of
+    """The verifier's settings of a method's rows (``key=value,...``, as they recorded them); empty where rows of
     an older writer (a resumed run) carry none."""
     settings = rows["verifier_setting"].dropna() if "verifier_setting" in rows else rows.iloc[:0]
     return str(settings.iloc[0]) if len(settings) else ""

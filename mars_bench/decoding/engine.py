@@ -1,30 +1,48 @@
-"""The decoding engine: prefill, then draft -> one target forward -> verify -> commit.
+"""The decoding engine: B prompts decoded together, one request being a batch of one.
 
-The autoregressive baseline is the same loop with no drafter: same model object, same
-cache type, same token choice, same stop handling. A tree of drafts is verified in one
-target forward with a 4D mask; afterwards the cache keeps the prefix and the accepted
-path only (a chain's rejected tail is simply cropped).
+Prefill, then per step: draft -> one target forward for every row -> verify -> commit. The
+autoregressive baseline is the same loop with no drafter: same model object, same cache, same
+token choice, same stop handling. Each row keeps its own prompt length, drafts (a chain or its own
+tree), verdict, random streams, draft-length policy and stop; a finished row leaves the batch, which
+shrinks (no refill: that is a serving engine's job). One ``verify_batch`` call judges every row, each
+drawing from its own stream, seeded as ``decode`` seeds one prompt, so a row decodes as it would alone
+up to the numerics of a batched matmul.
+
+The target's cache is one ``BatchCache`` (``models/kvcache.py``): a row keeps its root and accepted
+drafts (a tree's path is gathered to the front of its block), the rest of its slots are masked, and
+the positions past every row's kept ones are cropped. A batch of one has nothing to mask: it runs the
+plain cached forward, causal for a chain and tree-masked for a tree. The drafter is the drafter's own
+code for one row and its batched form for more (``drafting/batched.py``). Every phase is timed by one
+``Clock`` (``decoding/clock.py``: CUDA events on a GPU, at any B).
+
+A step reads the device once, whatever B is: the verdicts of every row in one transfer, with each
+row's kept draft tokens (``Verdict.path_tokens``), or the rows' next tokens when no row drafted. A tree
+drafter reads its trees once more, all rows in one transfer; a stop rule (``confidence``, ``gain``) reads
+every row's draft probability once per draft position.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from mars_bench.common.trees import is_chain, node_depths
 from mars_bench.decoding.clock import Clock
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLength, FixedLength
-from mars_bench.decoding.fidelity import step_costs
+from mars_bench.decoding.fidelity import PositionCosts, step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
-from mars_bench.drafting.base import Drafter, empty_draft
-from mars_bench.models.kvcache import cached_forward, crop_to, keep_positions
+from mars_bench.drafting.base import Draft, Drafter
+from mars_bench.drafting.batched import drafts_for
+from mars_bench.models.kvcache import BatchCache, check_tree_attention, padded_rows
 from mars_bench.models.placement import input_device
-from mars_bench.verification import Verifier, VerifyInput, get_verifier
+from mars_bench.verification import Verdict, Verifier, VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
+
+StopWhen = Callable[[list[int]], bool]
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,35 @@ def resolve_verifier(drafter: Drafter | None, verifier: Verifier | str | None) -
     return verifier
 
 
+@dataclass
+class _Row:
+    """One prompt being decoded: what it committed, its random streams, its policies and its record."""
+
+    prompt: torch.Tensor  # CPU LongTensor[P]
+    generator: torch.Generator  # the live stream
+    shadow_generator: torch.Generator  # the shadows' stream
+    length: DraftLength  # the row's own draft-length policy
+    stop_when: StopWhen | None = None
+    tokens: list[int] = field(default_factory=list)  # new tokens
+    steps: list[StepRecord] = field(default_factory=list)
+    context: torch.Tensor | None = None  # CPU LongTensor: prompt + new tokens
+    reason: str | None = None
+    decode_s: float = 0.0  # the method's seconds of the steps the row took part in
+
+    @classmethod
+    def make(cls, prompt: list[int] | torch.Tensor, seed: int | None, device: torch.device, length: DraftLength,
+             stop_when: StopWhen | None, generator: torch.Generator | None = None, index: int | None = None) -> _Row:  # fmt: skip
+        """A row for ``prompt``: its live stream is ``generator`` or seeded with ``seed`` (None: 0) on ``device``,
+        its shadows' stream seeded with seed + 1. ``index``: the prompt's place, for the error of an empty one."""
+        prompt = torch.as_tensor(prompt, dtype=torch.long).flatten().cpu()
+        if prompt.numel() == 0:
+            where = "prompt_ids is empty" if index is None else f"prompt {index} is empty"
+            raise ValueError(f"{where}: allowed is a prompt of at least one token")
+        seed = 0 if seed is None else seed
+        live = generator if generator is not None else torch.Generator(device=device).manual_seed(seed)
+        return cls(prompt, live, torch.Generator(device=device).manual_seed(seed + 1), length, stop_when)
+
+
 @torch.inference_mode()
 def decode(
     target: Any,
@@ -88,18 +135,19 @@ def decode(
     shadow: Sequence[Verifier | str] = (),
     draft_length: DraftLength | None = None,
     fidelity: bool = False,
-    stop_when: Callable[[list[int]], bool] | None = None,
+    stop_when: StopWhen | None = None,
     on_tokens: Callable[[int], None] | None = None,
 ) -> DecodeResult:
-    """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None).
+    """Decode one prompt with speculative decoding (or autoregressively when ``drafter`` is None): the
+    engine's batch of one.
 
     target: a transformers causal LM. drafter: a Drafter or None. verifier: a Verifier or a
     registered name (ignored without a drafter). prompt_ids: the prompt token ids.
     Sampling uses ``generator`` or a fresh one seeded with ``seed`` on the target's device.
     shadow: verifiers that judge every step's drafts and logits beside the live one without
     changing the output; each step records how many drafts each would have kept. They draw
-    from their own generator, so the live random stream (and the output) is the same with
-    and without them.
+    from their own generator (seeded with seed + 1), so the live random stream (and the output) is
+    the same with and without them.
     draft_length: the policy that sets each step's number of drafts (default: always ``gamma``).
     fidelity: also record, per step, what the live verifier and each shadow cost against the
     target at every judged position (``decoding/fidelity.py``), outside the method's time.
@@ -111,147 +159,311 @@ def decode(
     sampling = SamplingParams(temperature, top_p, top_k)
     settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
     verifier = resolve_verifier(drafter, verifier)
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten().cpu()
-    if prompt.numel() == 0:
-        raise ValueError("prompt_ids is empty: allowed is a prompt of at least one token")
     device = input_device(target)
-    if generator is None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(0 if seed is None else seed)
-    shadow_generator = torch.Generator(device=device)
-    shadow_generator.manual_seed((0 if seed is None else seed) + 1)
-    shadows = (tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow), shadow_generator)
     length = draft_length or FixedLength(settings.gamma)
-    run = _Run(target, drafter, verifier, sampling, settings, generator, device, shadows, length, fidelity, stop_when, on_tokens)
-    return run.run(prompt)
+    row = _Row.make(prompt_ids, seed, device, length, stop_when, generator)
+    shadows = tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow)
+    return _Batch(target, drafter, verifier, sampling, settings, 1, shadows=shadows, fidelity=fidelity,
+                  on_tokens=on_tokens).run([row])[0]  # fmt: skip
 
 
-class _Run:
-    """State of one sequence being decoded."""
+@torch.inference_mode()
+def decode_batch(
+    target: Any,
+    drafter: Drafter | None,
+    verifier: Verifier | str | None,
+    prompts: Sequence[list[int] | torch.Tensor],
+    *,
+    max_new_tokens: int = 128,
+    gamma: int = DEFAULT_LENGTH.gamma,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_token_ids: Sequence[int] = (),
+    seeds: Sequence[int] | None = None,
+    pad_token_id: int = 0,
+    shadow: Sequence[Verifier | str] = (),
+    draft_length: DraftLength | None = None,
+    fidelity: bool = False,
+    stop_when: StopWhen | Sequence[StopWhen | None] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
+) -> list[DecodeResult]:
+    """Decode ``prompts`` together, drafts of at most ``gamma`` tokens; a ``DecodeResult`` per prompt, in order.
 
-    def __init__(self, target, drafter, verifier, sampling, settings, generator, device, shadows, draft_length, fidelity,
-                 stop_when, on_tokens) -> None:  # fmt: skip
-        self.target, self.drafter, self.verifier = target, drafter, verifier
-        self.sampling, self.settings, self.generator, self.device = sampling, settings, generator, device
-        self.shadow, self.shadow_generator = shadows
-        self.draft_length: DraftLength = draft_length
-        self.cache = DynamicCache(config=target.config)
-        self.hidden_layers = drafter.hidden_layers if drafter is not None else ()
-        self.features: torch.Tensor | None = None  # the drafter's target features for the last forward
-        self.fidelity: bool = fidelity
-        self.stop_when: Callable[[list[int]], bool] | None = stop_when
-        self.on_tokens: Callable[[int], None] | None = on_tokens
+    seeds: each prompt's seed (default 0 for every one), as ``decode``'s ``seed``. pad_token_id: the
+    token fed in padded slots (never attended to). shadow, fidelity: as ``decode``'s, per row (each
+    row's shadows draw from its own stream, seeded as ``decode`` seeds them). draft_length: the policy
+    each row starts from (a copy per row, so a ``schedule`` adapts to that row's acceptance). stop_when:
+    as ``decode``'s, one for every row or one per prompt. on_tokens: as ``decode``'s, with the new tokens
+    of every row together. A result's ``prefill_s`` is the batch's prefill and its ``decode_s`` the
+    method's seconds of the batch's steps up to the row's last (its latency in the batch, less shadows
+    and fidelity); its steps' phase seconds are the batch's. One prompt decodes exactly as ``decode``.
+    """
+    sampling = SamplingParams(temperature, top_p, top_k)
+    settings = DecodeSettings(max_new_tokens, gamma, tuple(stop_token_ids))
+    verifier = resolve_verifier(drafter, verifier)
+    if not prompts:
+        raise ValueError("prompts is empty: allowed is at least one prompt")
+    seeds = [0] * len(prompts) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"seeds: got {len(seeds)} for {len(prompts)} prompts: allowed is one seed per prompt")
+    stops = list(stop_when) if isinstance(stop_when, Sequence) else [stop_when] * len(prompts)
+    if len(stops) != len(prompts):
+        raise ValueError(f"stop_when: got {len(stops)} for {len(prompts)} prompts: allowed is one or one per prompt")
+    if len(prompts) > 1:
+        check_tree_attention(target)  # the batch's rows attend through a 4D mask
+    device = input_device(target)
+    length = draft_length or FixedLength(settings.gamma)
+    rows = [_Row.make(prompt, seed, device, copy.deepcopy(length), stop, index=index)
+            for index, (prompt, seed, stop) in enumerate(zip(prompts, seeds, stops))]  # fmt: skip
+    shadows = tuple(get_verifier(v) if isinstance(v, str) else v for v in shadow)
+    return _Batch(target, drafter, verifier, sampling, settings, len(rows), pad_token_id, shadows, fidelity,
+                  on_tokens).run(rows)  # fmt: skip
 
-    def forward(self, tokens: torch.Tensor, last_only: bool = False, parents: torch.Tensor | None = None) -> torch.Tensor:
-        """Target logits [n, V] for the new tokens ([1, V] if ``last_only``); ``parents``: their
-        tree within the block (None: a chain). Keeps the drafter's features in ``self.features``."""
-        logits, self.features = cached_forward(
-            self.target, tokens, self.cache, last_only=last_only, parents=parents, hidden_layers=self.hidden_layers
-        )
-        return logits
 
-    def run(self, prompt: torch.Tensor) -> DecodeResult:
+@dataclass(frozen=True)
+class _Block:
+    """One step's target input: each row's root (its newest token), then its drafts.
+
+    tokens: LongTensor[B, W] on the device, right-padded; fed: BoolTensor[B, W], the real slots (None:
+    one row, all real); parents: LongTensor[B, W] on the host, each slot's parent slot (None: every row a
+    chain); trees: per row, whether its drafts form a tree; node_parents: per row, its drafts' parents
+    (CPU LongTensor[N_b], the chain's for a chain).
+    """
+
+    tokens: torch.Tensor
+    fed: torch.Tensor | None
+    parents: torch.Tensor | None
+    trees: list[bool]
+    node_parents: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Aside:
+    """What a step measured outside the method's time for one row: the drafts each shadow keeps, the
+    fidelity costs (None when off or without drafts) and their seconds."""
+
+    shadow_accepted: list[int] = field(default_factory=list)
+    costs: list[PositionCosts] | None = None
+    fidelity_s: float = 0.0
+
+
+class _Batch:
+    """The rows still decoding, their shared cache, their drafter and the clock that times them."""
+
+    def __init__(self, target: Any, drafter: Drafter | None, verifier: Verifier | None, sampling: SamplingParams,
+                 settings: DecodeSettings, rows: int, pad_token_id: int = 0, shadows: tuple[Verifier, ...] = (),
+                 fidelity: bool = False, on_tokens: Callable[[int], None] | None = None) -> None:  # fmt: skip
+        self.target, self.verifier, self.sampling, self.settings = target, verifier, sampling, settings
+        self.shadows, self.fidelity = (shadows, fidelity) if drafter is not None else ((), False)
+        self.drafts = drafts_for(drafter, rows)
+        self.cache = BatchCache(target, rows)
+        self.device, self.pad, self.on_tokens = input_device(target), pad_token_id, on_tokens
+        self.rows: list[_Row] = []
+
+    def run(self, rows: list[_Row]) -> list[DecodeResult]:
+        self.rows = rows
         clock = Clock(self.device)
-        first = int(choose_tokens(self.forward(prompt, last_only=True), self.sampling, self.generator)[0])
-        if self.drafter is not None:
-            self.drafter.begin(prompt, self.features)
+        self.prefill(rows)
         prefill_s = clock.lap()
-        self.report(1, clock)  # the prefill's token
-        tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
-        reason = self.stop_reason(tokens, stopped)
-        context = torch.cat([prompt, torch.tensor(tokens)])
-        steps: list[StepRecord] = []
-        while reason is None and len(tokens) < self.settings.max_new_tokens:
-            budget = self.settings.max_new_tokens - len(tokens)
-            step, emitted = self.step(context, budget, clock)
-            emitted, stopped = cut_at_stop(emitted, self.settings.stop_token_ids, budget)
-            step.emitted = len(emitted)
-            tokens += emitted
-            reason = self.stop_reason(tokens, stopped)
-            context = torch.cat([context, torch.tensor(emitted)])
-            step.bookkeeping_s += clock.lap()
-            steps.append(step)
-            self.report(len(tokens), clock)
-        decode_s = sum(s.draft_s + s.target_s + s.verify_s + s.bookkeeping_s for s in steps)
-        return DecodeResult(len(prompt), tokens, steps, prefill_s, decode_s, reason or "max_new_tokens")
+        self.report(clock)  # the prefill's tokens
+        active = self.leave(rows)
+        while active:
+            self.step(active, clock)
+            active = self.leave(active)
+        return [DecodeResult(len(row.prompt), row.tokens, row.steps, prefill_s, row.decode_s, row.reason or "max_new_tokens")
+                for row in rows]  # fmt: skip
 
-    def report(self, new_tokens: int, clock: Clock) -> None:
+    def leave(self, rows: list[_Row]) -> list[_Row]:
+        """The rows that go on decoding; the others leave the cache and the drafter."""
+        still = [index for index, row in enumerate(rows) if row.reason is None]
+        if still and len(still) < len(rows):
+            self.cache.keep_rows(still)
+            self.drafts.keep(still)
+        return [rows[index] for index in still]
+
+    def report(self, clock: Clock) -> None:
         """Tell ``on_tokens`` how many new tokens there are so far; its time is left out of the method's."""
         if self.on_tokens is not None:
-            self.on_tokens(new_tokens)
+            self.on_tokens(sum(len(row.tokens) for row in self.rows))
             clock.lap()
 
-    def stop_reason(self, tokens: list[int], at_stop_token: bool) -> str | None:
-        """Why decoding ends after ``tokens`` (the new tokens so far), or None while it goes on."""
-        if at_stop_token:
-            return "stop_token"
-        if self.stop_when is not None and self.stop_when(tokens):
-            return "stop_string"
-        return None
+    def prefill(self, rows: list[_Row]) -> None:
+        """The prompts (left-padded) in one forward; each row's first token, read in one transfer."""
+        prompts = [row.prompt for row in rows]
+        if self.cache.dense:
+            tokens, fed = prompts[0][None], None
+        else:
+            tokens, fed = padded_rows(prompts, left=True, pad=self.pad, device=self.device)
+        logits, features = self.cache.forward(tokens, fed, logits_to_keep=1, hidden_layers=self.drafts.hidden_layers)
+        chosen = [choose_tokens(logits[index, -1:], self.sampling, row.generator) for index, row in enumerate(rows)]
+        firsts = torch.cat(chosen).tolist()
+        width = tokens.shape[1]
+        self.drafts.begin(prompts, None if features is None else [features[index, width - len(prompt) :]
+                                                                  for index, prompt in enumerate(prompts)])  # fmt: skip
+        for row, first in zip(rows, firsts):
+            row.tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
+            row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
+            row.reason = self.stop_reason(row, stopped)
 
-    def step(self, context: torch.Tensor, budget: int, clock: Clock) -> tuple[StepRecord, list[int]]:
-        """One step: returns its record (times filled but bookkeeping) and the tokens it emits."""
-        max_drafts = min(self.draft_length.next(), budget - 1)
-        if self.drafter is not None and max_drafts > 0:
-            draft = self.drafter.propose(context, max_drafts, self.sampling, self.generator)
-        else:
-            draft = empty_draft(self.device)
-        draft_tokens = draft.token_list()
+    def step(self, rows: list[_Row], clock: Clock) -> None:
+        """One draft -> target forward -> verify -> commit step for every row in the batch."""
+        limits = [min(row.length.next(), self.settings.max_new_tokens - len(row.tokens) - 1) for row in rows]
+        proposed = self.drafts.propose([row.context for row in rows], limits, self.sampling, [row.generator for row in rows])
+        drafts = [draft if draft is not None and len(draft) else None for draft in proposed]
         draft_s = clock.lap()
-        root = context[-1:].to(self.device)
-        tree = draft.parents is not None and not is_chain(draft.parents)
-        parents = draft.parents.cpu() if tree else chain_parents(len(draft_tokens))
-        logits = self.forward(torch.cat([root, draft.tokens.to(self.device)]), parents=block_parents(parents) if tree else None)
+        block = self.block(rows, drafts)
+        logits, features = self.cache.forward(block.tokens, block.fed, block.parents, hidden_layers=self.drafts.hidden_layers)
         target_s = clock.lap()
-        if not draft_tokens:
-            next_token = int(choose_tokens(logits[-1:], self.sampling, self.generator)[0])
-            record = StepRecord(0, 0, 0, next_token, 0, draft_s=draft_s, target_s=target_s, verify_s=clock.lap(),
-                                triggered=[] if getattr(self.verifier, "has_trigger", False) else None)  # fmt: skip
-            if self.drafter is not None:
-                self.drafter.accept([], self.features)
-            return record, [next_token]
-        step_input = VerifyInput(
-            draft_tokens=draft.tokens,
-            parents=parents,
-            target_logits=logits,
-            sampling=self.sampling,
-            draft_probs=draft.probs,
-            draft_dists=draft.dists,
-        )
-        verdict = self.verifier.verify(step_input, generator=self.generator)
+        verdicts, next_tokens, verify_s, aside = self.judge(rows, drafts, block, logits, clock)
+        paths = [[] if verdict is None else verdict.accepted.tolist() for verdict in verdicts]
+        kept = [[0] + [node + 1 for node in path] for path in paths]  # each row's root and accepted nodes, as block slots
+        self.cache.commit(kept)
+        self.drafts.accept(paths, None if features is None else [features[index, slots] for index, slots in enumerate(kept)])
+        records = [self.commit(row, draft, verdict, token, path, row_aside, tree, (draft_s, target_s, verify_s))
+                   for row, draft, verdict, token, path, row_aside, tree
+                   in zip(rows, drafts, verdicts, next_tokens, paths, aside, block.trees)]  # fmt: skip
+        bookkeeping_s = clock.lap()
+        for row, record in zip(rows, records):
+            record.bookkeeping_s = bookkeeping_s
+            row.decode_s += record.draft_s + record.target_s + record.verify_s + record.bookkeeping_s
+        self.report(clock)
+
+    def judge(self, rows: list[_Row], drafts: list[Draft | None], block: _Block, logits: torch.Tensor,
+              clock: Clock) -> tuple[list[Verdict | None], list[int], float, list[_Aside]]:  # fmt: skip
+        """Each row's verdict (None where no row drafted) and next token, the verification's seconds, and what
+        was measured aside (shadows, fidelity). ``logits``: [B, W, V], each row's block's."""
+        if not any(draft is not None for draft in drafts):  # no row drafted (the AR baseline): tokens from the roots' logits
+            next_tokens = torch.cat([choose_tokens(logits[index, :1], self.sampling, row.generator)
+                                     for index, row in enumerate(rows)]).tolist()  # fmt: skip
+            return [None] * len(rows), next_tokens, clock.lap(), [_Aside() for _ in rows]
+        steps = self.verify_inputs(drafts, block, logits)
+        verdicts = self.verify(rows, steps)
         verify_s = clock.lap()
-        shadow_accepted = [shadow.verify(step_input, generator=self.shadow_generator).accepted_len for shadow in self.shadow]
+        aside = self.judge_aside(rows, steps, verdicts, block, clock)
+        return verdicts, [verdict.next_token for verdict in verdicts], verify_s, aside
+
+    def block(self, rows: list[_Row], drafts: list[Draft | None]) -> _Block:
+        """The target's input for this step, built on the device: neither the engine nor a drafter reads the drafts."""
+        trees = [draft is not None and draft.parents is not None and not is_chain(draft.parents) for draft in drafts]
+        node_parents = [draft.parents.cpu() if tree else chain_parents(0 if draft is None else len(draft))
+                        for draft, tree in zip(drafts, trees)]  # fmt: skip
+        roots = torch.cat([row.context[-1:] for row in rows]).to(self.device).split(1)  # one copy for every row's root
+        slots = [root if draft is None else torch.cat([root, draft.tokens.to(self.device)]) for root, draft in zip(roots, drafts)]
+        if self.cache.dense:
+            return _Block(slots[0][None], None, block_parents(node_parents[0])[None] if trees[0] else None, trees, node_parents)
+        tokens = torch.nn.utils.rnn.pad_sequence(slots, batch_first=True, padding_value=self.pad)
+        counts = torch.tensor([len(row_slots) for row_slots in slots])
+        fed = (torch.arange(tokens.shape[1]) < counts[:, None]).to(self.device)
+        parents = None
+        if any(trees):
+            parents = torch.full(tuple(tokens.shape), -1, dtype=torch.long)
+            for index, nodes in enumerate(node_parents):
+                parents[index, : len(nodes) + 1] = block_parents(nodes)
+        return _Block(tokens, fed, parents, trees, node_parents)
+
+    def verify_inputs(self, drafts: list[Draft | None], block: _Block, logits: torch.Tensor) -> list[VerifyInput]:
+        """Every row's step, each on its own logits rows. A row without drafts is judged too (its next token),
+        and where some rows give q or distributions, every row gives them (1 and [0, V] where it has none)."""
+        with_probs = any(draft is not None and draft.probs is not None for draft in drafts)
+        with_dists = any(draft is not None and draft.dists is not None for draft in drafts)
+        no_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
+        no_dists = torch.zeros(0, logits.shape[-1], device=self.device)
+        steps = []
+        for index, (draft, parents) in enumerate(zip(drafts, block.node_parents)):
+            count = 0 if draft is None else len(draft)
+            probs = None if draft is None else draft.probs
+            dists = None if draft is None else draft.dists
+            steps.append(VerifyInput(
+                draft_tokens=no_tokens if draft is None else draft.tokens,
+                parents=parents,
+                target_logits=logits[index, : count + 1],
+                sampling=self.sampling,
+                draft_probs=(torch.ones(count, device=self.device) if probs is None else probs.float()) if with_probs else None,
+                draft_dists=(no_dists if dists is None else dists) if with_dists else None,
+            ))  # fmt: skip
+        return steps
+
+    def verify(self, rows: list[_Row], steps: list[VerifyInput]) -> list[Verdict]:
+        """Every row's verdict in one call (and one host transfer), each row drawing from its own stream."""
+        step = steps[0] if len(steps) == 1 else batch_steps(steps)
+        return self.verifier.verify_batch(step, generator=[row.generator for row in rows])
+
+    def judge_aside(self, rows: list[_Row], steps: list[VerifyInput], verdicts: list[Verdict], block: _Block,
+                    clock: Clock) -> list[_Aside]:  # fmt: skip
+        """Per row: the drafts each shadow keeps (each shadow judging the batch in one call, every row from its
+        own shadow stream) and its fidelity costs, all left out of the method's time."""
+        kept = [[verdict.accepted_len] for verdict in verdicts]
+        if self.shadows:
+            step = steps[0] if len(steps) == 1 else batch_steps(steps)
+            for shadow in self.shadows:
+                for row_kept, verdict in zip(kept, shadow.verify_batch(step, generator=[row.shadow_generator for row in rows])):
+                    row_kept.append(verdict.accepted_len)
         clock.lap()  # shadow verifiers are left out of the method's time
-        costs = None
-        if self.fidelity:
-            verifiers, kept = [self.verifier, *self.shadow], [verdict.accepted_len, *shadow_accepted]
-            costs = step_costs(verifiers, step_input, kept, verdict.accepted.tolist(), chain=not tree)
-        fidelity_s = clock.lap()  # so is the fidelity measurement
-        accepted, path = verdict.accepted_len, verdict.accepted.tolist()
-        self.draft_length.observe(int(node_depths(parents).max()) + 1 if tree else len(draft_tokens), accepted)
-        if tree:  # the prefix, the root and the accepted path stay cached
-            keep_positions(self.cache, torch.cat([torch.arange(len(context)), len(context) + verdict.accepted]))
-        else:
-            crop_to(self.cache, len(context) + accepted)
-        rows = [0] + [node + 1 for node in path]
-        self.drafter.accept(path, None if self.features is None else self.features[rows])
+        if not self.fidelity:
+            fidelity_s = clock.lap()
+            return [_Aside(row_kept[1:] if step.num_drafts else [], None, fidelity_s) for step, row_kept in zip(steps, kept)]
+        aside = []
+        for step, verdict, row_kept, tree in zip(steps, verdicts, kept, block.trees):
+            verifiers = [self.verifier, *self.shadows]
+            costs = step_costs(verifiers, step, row_kept, verdict.accepted.tolist(), chain=not tree) if step.num_drafts else None
+            aside.append(_Aside(row_kept[1:] if step.num_drafts else [], costs, clock.lap()))  # so is the fidelity measurement
+        return aside
+
+    def commit(self, row: _Row, draft: Draft | None, verdict: Verdict | None, next_token: int, path: list[int],
+               aside: _Aside, tree: bool, seconds: tuple[float, float, float]) -> StepRecord:  # fmt: skip
+        """The row's accepted drafts and next token, cut at a stop token and the budget, its draft-length policy
+        told the outcome, and its step record (the bookkeeping seconds come after)."""
+        budget = self.settings.max_new_tokens - len(row.tokens)
+        kept = [] if verdict is None else verdict.path_tokens
+        if kept is None:  # a verifier that does not report its path's tokens: read the drafts
+            drafted_tokens = draft.token_list()
+            kept = [drafted_tokens[node] for node in path]
+        emitted, stopped = cut_at_stop(kept + [next_token], self.settings.stop_token_ids, budget)
+        row.tokens += emitted
+        row.context = torch.cat([row.context, torch.tensor(emitted)])
+        if draft is not None:
+            row.length.observe(int(node_depths(draft.parents).max()) + 1 if tree else len(draft), len(path))
+        record = self.record(draft, verdict, next_token, len(emitted), aside, seconds)
+        row.steps.append(record)
+        row.reason = self.stop_reason(row, stopped)
+        return record
+
+    def record(self, draft: Draft | None, verdict: Verdict | None, next_token: int, emitted: int, aside: _Aside,
+               seconds: tuple[float, float, float]) -> StepRecord:  # fmt: skip
+        """The step record of one row (``verdict`` None: no row drafted, its token was chosen from its logits)."""
+        draft_s, target_s, verify_s = seconds
+        if verdict is None:
+            triggered = [] if getattr(self.verifier, "has_trigger", False) else None
+            return StepRecord(0, 0, 0, next_token, emitted, triggered=triggered, draft_s=draft_s, target_s=target_s,
+                              verify_s=verify_s)  # fmt: skip
         decisions = verdict.decisions
-        record = StepRecord(
-            drafted=len(draft_tokens),
-            accepted=accepted,
+        return StepRecord(
+            drafted=0 if draft is None else len(draft),
+            accepted=verdict.accepted_len,
             relaxed=decisions.relaxed_count,
-            next_token=verdict.next_token,
-            emitted=0,
+            next_token=next_token,
+            emitted=emitted,
             reasons=decisions.reasons.tolist(),
             margins=decisions.margin.tolist(),
             top1_logits=decisions.top1_logit.tolist(),
             top2_logits=decisions.top2_logit.tolist(),
             triggered=None if decisions.triggered is None else decisions.triggered.tolist(),
-            shadow_accepted=shadow_accepted,
-            fidelity=costs,
-            fidelity_s=fidelity_s,
+            shadow_accepted=aside.shadow_accepted,
+            fidelity=aside.costs,
+            fidelity_s=aside.fidelity_s,
             draft_s=draft_s,
             target_s=target_s,
             verify_s=verify_s,
         )
-        return record, [draft_tokens[node] for node in path] + [verdict.next_token]
+
+    def stop_reason(self, row: _Row, at_stop_token: bool) -> str | None:
+        """Why ``row`` ends after its tokens so far, or None while it goes on: a stop token, then a stop string
+        (``stop_when``), then the budget."""
+        if at_stop_token:
+            return "stop_token"
+        if row.stop_when is not None and row.stop_when(row.tokens):
+            return "stop_string"
+        if len(row.tokens) >= self.settings.max_new_tokens:
+            return "max_new_tokens"
+        return None

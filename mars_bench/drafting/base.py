@@ -9,7 +9,7 @@ is its ``DrafterContext``: never a setting.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,33 @@ class Drafter:
     def facts(self) -> dict[str, object]:
         """Facts of the drafter's context that the records carry beside its settings (none here)."""
         return {}
+
+
+class BatchDrafts:
+    """A drafter over the B rows the engine decodes together (``decoding/engine.py``): per row the drafts
+    it would make alone (up to the numerics of batched forwards).
+
+    Lifecycle per batch: ``begin(prompts, features)`` once, then per step ``propose(contexts, limits, ...)``
+    (a Draft or None per row, at most ``limits[b]`` drafts deep, none where it is 0) and ``accept(paths,
+    features)``; ``keep(rows)`` when rows leave the batch. ``contexts``, ``paths`` and ``features`` are per
+    row, as a one-sequence ``Drafter`` takes them (``features[b]``: [rows, F] or None, for the
+    ``hidden_layers`` entries). ``drafting/batched.py`` gives every drafter's batched form.
+    """
+
+    hidden_layers: tuple[int, ...] = ()
+
+    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
+        """Start a batch (prompts: CPU LongTensor[P_b] per row)."""
+
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
+        raise NotImplementedError
+
+    def accept(self, paths: Sequence[list[int]], features: Sequence[torch.Tensor] | None = None) -> None:
+        """Each row's accepted nodes of its last proposal (root to leaf; [] where it had none)."""
+
+    def keep(self, rows: list[int]) -> None:
+        """Only the rows ``rows`` (indices into the current batch) stay."""
 
 
 DrafterFactory = Callable[[Any, DrafterContext], "Drafter | None"]

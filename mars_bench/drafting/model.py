@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from mars_bench.common.settings import OPTIONAL
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, drafters_without_model, register_drafter
@@ -15,7 +14,7 @@ from mars_bench.drafting.draft_weights import DraftWeightSettings, quantized_dra
 from mars_bench.drafting.lookup import lookup_continuation
 from mars_bench.drafting.stop import DraftStop
 from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
-from mars_bench.models.kvcache import cached_forward, cached_logits, crop_to
+from mars_bench.models.kvcache import cached_forward, cached_logits, crop_to, new_cache
 from mars_bench.models.placement import input_device
 from mars_bench.verification.sampling import SamplingParams, probabilities, process_logits, sample_rows
 
@@ -41,7 +40,7 @@ class ModelDrafter(Drafter):
         self.stop_rule = stop
         self.stop = stop.fresh() if stop is not None else None  # this sequence's (learns from its verdicts)
         self.draft_q: list[float] = []  # the last proposal's q, for the stop rule's verdict
-        self.cache: DynamicCache | None = None
+        self.cache: Any = None  # its KV cache (models/kvcache.py), made per sequence
         self.cached_valid = 0  # leading cache positions that hold committed tokens
         self.cached_total = 0
         self.last_context_len = 0
@@ -54,7 +53,7 @@ class ModelDrafter(Drafter):
     def begin(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.stop = self.stop_rule.fresh() if self.stop_rule is not None else None
         self.draft_q = []
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model)
         self.cached_valid = self.cached_total = 0
         if prompt_ids.numel() > 1:  # the last prompt token is fed with the first draft step
             self._forward(prompt_ids[:-1].to(self.device))

@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from transformers import DynamicCache
 
 from mars_bench.bench.manifest import cpu_description
 from mars_bench.common.files import atomic_replace
-from mars_bench.models.kvcache import batch_forward, crop_batch
+from mars_bench.models.kvcache import batch_forward, crop_batch, new_cache
 from mars_bench.models.placement import input_device
 from mars_bench.perf.costs import synced_time
 
@@ -43,7 +42,7 @@ def batch_forward_seconds(
     device = input_device(model)
     draw = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     prompt = torch.randint(0, vocab, (rows, context), generator=draw).to(device)
     no_cache = torch.zeros(rows, 0, dtype=torch.bool, device=device)
     _, attended = batch_forward(model, cache, no_cache, prompt, torch.ones_like(prompt, dtype=torch.bool), 1)
@@ -87,7 +86,7 @@ def run_config(run: Path) -> tuple[Path, Any]:
 
 def measure(run: Path, batch_sizes: tuple[int, ...], widths: tuple[int, ...], context: int, repeats: int) -> dict[str, Any]:
     """The target's and the drafter's forward costs for ``run``'s configuration."""
-    from mars_bench.bench.cell import load_models
+    from mars_bench.backends.hf import load_models
     from mars_bench.config import method_spec
 
     path, cfg = run_config(run)

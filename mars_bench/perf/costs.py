@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
-from mars_bench.models.kvcache import cached_logits, crop_to
+from mars_bench.models.kvcache import cached_logits, crop_to, new_cache
 from mars_bench.models.placement import input_device
 
 
@@ -76,7 +75,7 @@ def forward_seconds(model: Any, context: int, width: int, repeats: int = 10) -> 
     device = input_device(model)
     vocab = model.config.vocab_size
     tokens = torch.randint(0, vocab, (context + width,), generator=torch.Generator().manual_seed(0)).to(device)
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     cached_logits(model, tokens[:context], cache, last_only=True)
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up

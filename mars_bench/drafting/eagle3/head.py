@@ -74,7 +74,7 @@ class _MidLayer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """One EAGLE-3 draft head with its own KV cache (one layer: keys/values [1, kv, S, D]).
+    """One EAGLE-3 draft head with its own KV cache (one layer: keys/values [B, kv, S, D], B = 1 for one sequence).
 
     config: the head's config.json read as a ``LlamaConfig``. feature_size: the width of the
     fused target features (3 x the target's hidden size). shared_embed: the target's input
@@ -146,10 +146,15 @@ class Eagle3Head(nn.Module):
         self.keys = self.values = None
 
     def truncate(self, length: int) -> None:
-        """Keep the first ``length`` cached positions."""
+        """Keep the first ``length`` cached positions (of every row)."""
         if self.keys is not None and length < self.cache_length:
             self.keys = self.keys[..., :length, :]
             self.values = self.values[..., :length, :]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the cache rows ``rows`` (LongTensor) of a batch's cache."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys.index_select(0, rows), self.values.index_select(0, rows)
 
     # --- forward ---------------------------------------------------------------------------
 
@@ -167,7 +172,27 @@ class Eagle3Head(nn.Module):
         attention: None (causal: the whole cache and the earlier new pairs), a bool [n, S + n]
         (True = attend) or an additive float mask [1, 1, n, S + n], S = cache length before the call.
         The new pairs' keys and values are appended to the cache.
+
+        A batch of B rows, each with its own cache row, passes a leading row axis: input_ids and
+        position_ids [B, n], hidden [B, n, width], attention None or a bool [B, n, S + n] or an
+        additive [B, 1, n, S + n]; the outputs are then [B, n, draft_vocab] and [B, n, H].
         """
+        if input_ids.dim() == 2:
+            return self._forward_rows(input_ids, hidden, position_ids, attention)
+        count, total = input_ids.shape[0], self.cache_length + input_ids.shape[0]
+        if attention is not None and attention.dtype == torch.bool:
+            if tuple(attention.shape) != (count, total):
+                raise ValueError(f"attention shape {tuple(attention.shape)} is invalid: allowed is ({count}, {total})")
+            attention = attention[None]
+        elif attention is not None and tuple(attention.shape) != (1, 1, count, total):
+            raise ValueError(f"attention shape {tuple(attention.shape)} is invalid: allowed is (1, 1, {count}, {total})")
+        logits, hidden = self._forward_rows(input_ids[None], hidden[None], position_ids[None], attention)
+        return logits[0], hidden[0]
+
+    def _forward_rows(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` on a batch: input_ids, position_ids [B, n]; hidden [B, n, width]; attention as there."""
         weight = self.fc.weight
         hidden = hidden.to(weight.device, weight.dtype)
         if hidden.shape[-1] == self.feature_size and self.feature_size != self.hidden_size:
@@ -185,16 +210,18 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(hidden)), hidden
 
     def _attend(self, x: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor | None) -> torch.Tensor:
+        """Self-attention of x [B, n, 2H] over the cache and the new pairs; attention: None (causal), a bool
+        [B, n, S + n] or an additive [B, 1, n, S + n] mask."""
         attn = self.midlayer.self_attn
-        count, past = x.shape[0], self.cache_length
-        q = attn.q_proj(x).view(1, count, attn.heads, attn.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, count, attn.kv_heads, attn.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(1, count, attn.kv_heads, attn.head_dim).transpose(1, 2)
+        rows, count, past = x.shape[0], x.shape[1], self.cache_length
+        q = attn.q_proj(x).view(rows, count, attn.heads, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(rows, count, attn.kv_heads, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(rows, count, attn.kv_heads, attn.head_dim).transpose(1, 2)
         rope = self._rope.module
         if rope is None or rope.inv_freq.device != x.device:
             with torch.device(x.device):
                 rope = self._rope.module = LlamaRotaryEmbedding(self.config)
-        cos, sin = rope(v, position_ids[None])
+        cos, sin = rope(v, position_ids)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=-2)
@@ -203,15 +230,11 @@ class Eagle3Head(nn.Module):
             mask = torch.arange(total, device=x.device)[None] <= past + torch.arange(count, device=x.device)[:, None]
             mask = mask[None, None]
         elif attention.dtype == torch.bool:
-            if tuple(attention.shape) != (count, total):
-                raise ValueError(f"attention shape {tuple(attention.shape)} is invalid: allowed is ({count}, {total})")
-            mask = attention.to(x.device)[None, None]
+            mask = attention.to(x.device)[:, None]
         else:
-            if tuple(attention.shape) != (1, 1, count, total):
-                raise ValueError(f"attention shape {tuple(attention.shape)} is invalid: allowed is (1, 1, {count}, {total})")
             mask = attention.to(x.device, q.dtype)
         groups = attn.heads // attn.kv_heads
         out = F.scaled_dot_product_attention(
             q, repeat_kv(self.keys, groups), repeat_kv(self.values, groups), attn_mask=mask, scale=attn.head_dim**-0.5
         )
-        return attn.o_proj(out.transpose(1, 2).reshape(count, attn.heads * attn.head_dim))
+        return attn.o_proj(out.transpose(1, 2).reshape(rows, count, attn.heads * attn.head_dim))

@@ -1,0 +1,119 @@
+"""The backend contract: given a method and a batch of prompts with their budgets, stops and seeds,
+return one ``DecodeResult`` per prompt (tokens, timings, and the per-step trace where the backend has one).
+
+Everything a backend builds for a method (a drafter on its models, a verifier) stays behind its
+``PreparedMethod.handle``; the cell reads only the ``MethodSpec`` and the results."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from mars_bench.decoding.trace import DecodeResult
+from mars_bench.method import MethodSpec
+
+
+@dataclass(frozen=True)
+class PreparedMethod:
+    """A method a backend has built: its label in records (``baseline`` or the verifier's name), the spec
+    it was built from, and the backend's own objects for it (``handle``; opaque to everything else)."""
+
+    label: str
+    spec: MethodSpec
+    handle: Any = None
+
+    @property
+    def judged(self) -> bool:
+        """Whether a verifier judges drafts (False: the autoregressive baseline)."""
+        return self.spec.verifier is not None
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Prompts decoded together, each with its own seed.
+
+    prompts: token ids per request; seeds: one per request; max_new_tokens: each request's budget;
+    stop_token_ids: tokens that end an answer (kept); stop_when: called with a request's new tokens
+    after each step, True ends it (a stop string); shadows: verifiers judging each step's drafts beside
+    the live one, by label; fidelity: record each verifier's exact cost per judged position; on_tokens:
+    a progress callback given a lone request's new-token count (outside the method's time)."""
+
+    prompts: Sequence[list[int]]
+    seeds: Sequence[int]
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    stop_when: Callable[[list[int]], bool] | None = None
+    shadows: tuple[Any, ...] = ()
+    fidelity: bool = False
+    on_tokens: Callable[[int], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ValueError("prompts is empty: allowed is at least one prompt")
+        if len(self.seeds) != len(self.prompts):
+            raise ValueError(f"seeds: got {len(self.seeds)} for {len(self.prompts)} prompts: allowed is one seed per prompt")
+
+
+class Backend(ABC):
+    """What runs methods: built once per cell from its config, then asked for batches of requests."""
+
+    name: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (chat prompts, stop tokens, answer text)."""
+
+    @property
+    @abstractmethod
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The tokens that end the target's answer (EOS and the chat template's end of turn)."""
+
+    @property
+    @abstractmethod
+    def device(self) -> Any:
+        """Where the target takes its input (peak memory is read there)."""
+
+    @abstractmethod
+    def models(self) -> dict[str, Any]:
+        """The loaded models by role (``target``, ``drafter``: ``models.loading.LoadedModel``) for the manifest;
+        empty for a backend whose models the manifest cannot describe."""
+
+    @abstractmethod
+    def prepare(self, label: str, spec: MethodSpec) -> PreparedMethod:
+        """Build ``spec`` on this backend's models (refusing, in one line, what it cannot run)."""
+
+    @abstractmethod
+    def describe(self, method: PreparedMethod) -> dict[str, Any]:
+        """The manifest's account of a prepared method: its drafter's and verifier's own descriptions."""
+
+    @abstractmethod
+    def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
+        """Decode ``requests`` together with ``method``: one result per prompt, in order."""
+
+
+BackendFactory = Callable[[Any], Backend]  # the cell's resolved config -> a backend
+_BACKENDS: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make ``backend=name`` build its backend with ``factory(cfg)``."""
+    _BACKENDS[name] = factory
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def check_backend(name: str) -> None:
+    """ValueError, in one line, for a backend name nothing registered."""
+    if name not in _BACKENDS:
+        raise ValueError(f"backend={name!r} is unknown: allowed are {', '.join(available_backends())}")
+
+
+def make_backend(cfg: Any) -> Backend:
+    """The backend ``cfg.backend`` names, built from ``cfg`` (its models loaded)."""
+    check_backend(cfg.backend)
+    return _BACKENDS[cfg.backend](cfg)
