@@ -26,7 +26,7 @@ from mars_bench.drafting import (
     drafter_settings,
     drafters_without_model,
 )
-from mars_bench.drafting.batched import ONE_SEQUENCE_SETTINGS
+from mars_bench.drafting.batched import cli_value, one_sequence_setting
 from mars_bench.method import MethodSpec, check_tree_judges
 from mars_bench.models.placement import check_memory_budget, parse_dtype
 from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
@@ -512,13 +512,11 @@ def lossless_verifiers() -> list[str]:
 def check_batch_settings(cfg: Any) -> None:
     """Refuse, in one line, a drafter setting that rides on one sequence's drafter at ``batch_size`` > 1
     (a batch would draft without it, running another method than the command names)."""
-    settings = drafter_params(cfg.drafter)
-    for key, (off, reason) in ONE_SEQUENCE_SETTINGS.items():
-        if key in settings and settings[key] != off:
-            source = f" (set by tuning={cfg.tuning}; tuning=none drafts without it)" if cfg.get("tuned") else ""
-            shown = str(settings[key]).lower() if isinstance(settings[key], bool) else settings[key]
-            raise ValueError(f"drafter.{key}={shown}{source} {reason}: allowed at batch_size={cfg.batch_size} "
-                             f"is drafter.{key}={str(off).lower() if isinstance(off, bool) else off}")  # fmt: skip
+    if (found := one_sequence_setting(drafter_params(cfg.drafter))) is not None:
+        key, value, off, reason = found
+        source = f" (set by tuning={cfg.tuning}; tuning=none drafts without it)" if cfg.get("tuned") else ""
+        raise ValueError(f"drafter.{key}={cli_value(value)}{source} {reason}: allowed at batch_size={cfg.batch_size} "
+                         f"is drafter.{key}={cli_value(off)}")
 
 
 def check_run_config(cfg: Any) -> None:

@@ -18,7 +18,7 @@ import torch
 from mars_bench.drafting.base import BatchDrafts, Draft, Drafter
 from mars_bench.drafting.batched_trees import BatchedTreeModelDrafts
 from mars_bench.drafting.eagle3.batched import BatchedEagle3Drafts
-from mars_bench.models.kvcache import batch_forward, crop_batch, new_cache, padded_rows, select_batch_rows
+from mars_bench.models.kvcache import batch_forward, crop_batch, new_cache, padded_rows, prefill_rows, select_batch_rows
 from mars_bench.verification.sampling import RandomStreams, SamplingParams
 
 BATCHED_DRAFTERS = ("lookup", "model", "layerskip", "model_tree", "eagle3")  # the engine batches these, besides none
@@ -101,15 +101,11 @@ class BatchedModelDrafts(BatchDrafts):
 
     def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
         """Every prompt but its last token, left-padded, in one forward (the last is fed with the first draft)."""
-        self.valid = [len(prompt) - 1 for prompt in prompts]
+        self.valid, self.attended = prefill_rows(self.model, self.cache, prompts, self.device)
         self.context_lengths, self.fed, self.draft_columns = list(self.valid), [False] * len(prompts), [[] for _ in prompts]
         rule = self.drafter.stop_rule
         self.stops = [None if rule is None else rule.fresh() for _ in prompts]
         self.draft_q = [[] for _ in prompts]
-        self.attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)
-        if max(self.valid) > 0:
-            tokens, fed = padded_rows([prompt[:-1] for prompt in prompts], left=True, device=self.device)
-            _, self.attended = batch_forward(self.model, self.cache, self.attended, tokens, fed, 1)
 
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
@@ -208,15 +204,23 @@ def cli_value(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def one_sequence_setting(settings: object) -> tuple[str, object, object, str] | None:
+    """The first of ``ONE_SEQUENCE_SETTINGS`` that ``settings`` (a drafter's settings, or a mapping) sets on:
+    (key, its value, its value when off, why a batch refuses it); None where every one is off or absent."""
+    for key, (off, reason) in ONE_SEQUENCE_SETTINGS.items():
+        value = settings.get(key, off) if isinstance(settings, dict) else getattr(settings, key, off)
+        if value != off:
+            return key, value, off, reason
+    return None
+
+
 def batch_drafter(drafter: Drafter | None) -> BatchDrafts:
     """The batched form of ``drafter`` for B > 1 rows (None: the AR baseline's: no drafts); ValueError, in one
     line, for a drafter the engine does not batch or a setting that rides on one sequence."""
     check_batch_drafter(drafter, BATCHED_DRAFTERS)
-    settings = getattr(drafter, "settings", None)
-    for key, (off, reason) in ONE_SEQUENCE_SETTINGS.items():
-        value = getattr(settings, key, off)
-        if value != off:
-            raise ValueError(f"drafter.{key}={cli_value(value)} {reason}: allowed at batch_size > 1 is {cli_value(off)}")
+    if (found := one_sequence_setting(getattr(drafter, "settings", None))) is not None:
+        key, value, off, reason = found
+        raise ValueError(f"drafter.{key}={cli_value(value)} {reason}: allowed at batch_size > 1 is {cli_value(off)}")
     name = None if drafter is None else drafter.name
     if name in MODEL_DRAFTERS:
         return BatchedModelDrafts(drafter)

@@ -20,6 +20,7 @@ from mars_bench.models.kvcache import (
     masked_forward,
     new_cache,
     padded_rows,
+    prefill_rows,
     select_batch_rows,
 )
 from mars_bench.verification.sampling import SamplingParams
@@ -50,11 +51,7 @@ class BatchedTreeModelDrafts(BatchDrafts):
 
     def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
         """Every prompt but its last token, left-padded, in one forward (the last is fed with the first step)."""
-        self.valid = [len(prompt) - 1 for prompt in prompts]
-        self.attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.device)
-        if max(self.valid) > 0:
-            tokens, fed = padded_rows([prompt[:-1] for prompt in prompts], left=True, device=self.device)
-            _, self.attended = batch_forward(self.model, self.cache, self.attended, tokens, fed, 1)
+        self.valid, self.attended = prefill_rows(self.model, self.cache, prompts, self.device)
 
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip

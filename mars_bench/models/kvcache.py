@@ -325,3 +325,14 @@ class BatchCache:
         if self.dense:
             return
         self.attended = select_batch_rows(self.cache, self.attended, rows)
+
+
+def prefill_rows(model: Any, cache: Any, prompts: Sequence[torch.Tensor], device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """A draft model's cache filled with every prompt but its last token, left-padded, in one forward (the last is
+    fed with the first step): each row's cached length and which cached positions it attends to ([B, cached])."""
+    valid = [len(prompt) - 1 for prompt in prompts]
+    attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=device)
+    if max(valid) > 0:
+        tokens, fed = padded_rows([prompt[:-1] for prompt in prompts], left=True, device=device)
+        _, attended = batch_forward(model, cache, attended, tokens, fed, 1)
+    return valid, attended
