@@ -16,12 +16,19 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import baseline_conditions
-from mars_bench.bench.records import BASELINE_CONDITIONS, MANIFEST_FILE, RECORDS_FILE, legacy_setting_fields, read_rows
+from mars_bench.bench.records import (
+    BASELINE_CONDITIONS,
+    EARLIER_BACKEND,
+    MANIFEST_FILE,
+    RECORDS_FILE,
+    legacy_setting_fields,
+    read_rows,
+)
 from mars_bench.common.settings import setting_string
 
 OPTIONAL = {"temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
-            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1}  # fmt: skip
+            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1, "backend": EARLIER_BACKEND}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted", "step_drafted",
                 "step_draft_s", "step_target_s")

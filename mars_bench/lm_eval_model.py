@@ -25,7 +25,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from mars_bench.decoding import DecodeResult, decode
+from mars_bench.decoding import DecodeResult
 from mars_bench.decoding.batched import decode_batch
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings
@@ -55,7 +55,7 @@ class MarsBenchLM(LM):
     so a verifier registered later takes its own without an edit here.
 
     lm-eval's ``--batch_size B`` decodes up to B consecutive requests of the same ``gen_kwargs`` together
-    in the batched engine (``decoding/batched.py``; a tree drafter is refused there); 1 decodes each alone."""
+    in the one engine (a user drafter is refused there); 1 decodes each alone, as a batch of one."""
 
     def __init__(
         self,
@@ -139,12 +139,8 @@ class MarsBenchLM(LM):
         # a fresh draft-length policy per call, copied per row by the batched engine: schedule adapts per sequence
         common = {"max_new_tokens": int(kwargs["max_gen_toks"]), "stop_token_ids": self.stops, **spec.decode_kwargs()}
         stop = StopStrings(self.target.tokenizer, tuple(until))
-        if len(prompts) == 1:
-            results = [decode(self.target.model, self.drafter, self.verifier, prompts[0], seed=self.seed, stop_when=stop,
-                              **common)]  # fmt: skip
-        else:
-            results = decode_batch(self.target.model, self.drafter, self.verifier, prompts, seeds=[self.seed] * len(prompts),
-                                   stop_when=stop, **common)  # fmt: skip
+        results = decode_batch(self.target.model, self.drafter, self.verifier, prompts, seeds=[self.seed] * len(prompts),
+                               stop_when=stop, **common)  # fmt: skip
         texts = [self.target.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
         return [(postprocess_generated_text(text, until, None), result) for text, result in zip(texts, results)]
 

@@ -72,6 +72,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
+def mixed_prompts() -> list[list[int]]:
+    """Five prompts for the tiny models (vocabulary 96) of 28, 15, 3, 28 and 1 tokens, with repeats for prompt
+    lookup to find; the last, of one token, leaves a draft model nothing to prefill."""
+    generator = torch.Generator().manual_seed(1)
+    base = torch.randint(0, 96, (12,), generator=generator).tolist()
+    return [base * 2, base[:5] * 3, base[:3], torch.randint(0, 96, (20,), generator=generator).tolist() + base[:4] * 2, [5]]
+
+
 def tiny_model(kind: str = "llama", seed: int = 0, layers: int = 4, vocab: int = 96):
     """A randomly initialised causal LM with peaked attention (initializer_range 0.2)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from conftest import SHARED_DATA, HostSyncs, OnDevice, tiny_model
+from conftest import SHARED_DATA, HostSyncs, OnDevice, mixed_prompts, tiny_model
 
 from mars_bench import build_drafter
 from mars_bench.decoding import decode
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_model("llama", seed=0, layers=4, vocab=96)
-
-
-def mixed_prompts() -> list[list[int]]:
-    """Four prompts of 3 to 28 tokens, with repeats for prompt lookup to find."""
-    generator = torch.Generator().manual_seed(1)
-    base = torch.randint(0, 96, (12,), generator=generator).tolist()
-    return [base * 2, base[:5] * 3, base[:3], torch.randint(0, 96, (20,), generator=generator).tolist() + base[:4] * 2]
 
 
 def near_copy(model, scale: float = 0.03):
@@ -67,7 +60,7 @@ SLOW = pytest.mark.slow  # a draft model's forwards: 1 to 2.5 s each on the 2-co
     pytest.param("model-gain", "rejection", 1.0, marks=SLOW),
 ])  # fmt: skip
 def test_a_batch_decodes_each_prompt_as_decode_does_alone(tiny, drafter, verifier, temperature):
-    prompts = [*mixed_prompts(), [5]]  # a one-token prompt too: nothing for the draft model to prefill
+    prompts = mixed_prompts()  # a one-token prompt too: nothing for the draft model to prefill
     drafts = drafter_for(drafter, tiny)
     settings = {"max_new_tokens": 24, "gamma": 4, "temperature": temperature}
     alone = [decode(tiny, drafts, verifier, prompt, seed=seed, **settings) for seed, prompt in enumerate(prompts)]
@@ -116,7 +109,7 @@ def test_a_batched_step_reads_the_host_as_often_at_any_batch_size(tiny, drafter,
     Never one per row."""
     drafts = drafter_for(drafter, tiny)
     verifier = None if drafter is None else ("exact" if temperature == 0 else "rejection")
-    prompts = [*mixed_prompts(), *mixed_prompts()][:4]
+    prompts = mixed_prompts()[:4]
     for size in (1, 2, 4):
         batches = [prompts[start : start + size] for start in range(0, len(prompts), size)]
         for batch in batches:
@@ -130,7 +123,7 @@ def test_a_batched_step_reads_the_host_as_often_at_any_batch_size(tiny, drafter,
 def test_shadows_fidelity_and_an_adaptive_draft_length_are_kept_per_row_as_alone(tiny):
     from mars_bench.decoding.draft_length import AcceptanceSchedule
 
-    prompts = mixed_prompts()
+    prompts = mixed_prompts()[:4]
     lookup = build_drafter("lookup")
     settings = {"max_new_tokens": 24, "gamma": 2, "temperature": 1.0, "shadow": ["mars", "top_m"], "fidelity": True}
     alone = [decode(tiny, lookup, "rejection", prompt, seed=seed, draft_length=AcceptanceSchedule(2, maximum=6), **settings)
@@ -150,7 +143,7 @@ def test_shadows_fidelity_and_an_adaptive_draft_length_are_kept_per_row_as_alone
 
 
 def test_a_stop_string_ends_its_own_row_only(tiny):
-    prompts = mixed_prompts()
+    prompts = mixed_prompts()[:4]
     lookup = build_drafter("lookup")
     free = decode_batch(tiny, lookup, "exact", prompts, max_new_tokens=16, gamma=4)
     marker = free[1].tokens[3]
@@ -167,7 +160,7 @@ def test_a_stop_string_ends_its_own_row_only(tiny):
 
 
 def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
-    prompts = mixed_prompts()
+    prompts = mixed_prompts()[:4]
     lookup = build_drafter("lookup")
     free = decode_batch(tiny, lookup, "exact", prompts, max_new_tokens=24, gamma=4)
     stop = free[2].tokens[5]  # the third prompt stops at its sixth token

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HostSyncs, OnDevice, tiny_model
+from conftest import HostSyncs, OnDevice, mixed_prompts, tiny_model
 
 from mars_bench import build_drafter, decode
 from mars_bench.decoding import engine
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_model("llama", seed=0, layers=4, vocab=96)
-
-
-def mixed_prompts() -> list[list[int]]:
-    """Five prompts of 1 to 28 tokens, with repeats."""
-    generator = torch.Generator().manual_seed(1)
-    base = torch.randint(0, 96, (12,), generator=generator).tolist()
-    return [base * 2, base[:5] * 3, base[:3], torch.randint(0, 96, (20,), generator=generator).tolist() + base[:4] * 2, [5]]
 
 
 def eagle3(target, top_k: int = 4, tree_tokens: int = 12) -> Eagle3Drafter:

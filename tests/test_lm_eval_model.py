@@ -87,15 +87,16 @@ def layerskip_lm(session_smollm):
 
 @pytest.fixture()
 def decodes(monkeypatch):
-    """Every ``decode`` call the lm-eval model makes: (its keyword arguments, its result)."""
+    """Every request the lm-eval model decodes: (the engine call's keyword arguments, the request's result)."""
     calls = []
+    batched = lm_eval_model.decode_batch
 
     def recorded(*args, **kwargs):
-        result = decode(*args, **kwargs)
-        calls.append((kwargs, result))
-        return result
+        results = batched(*args, **kwargs)
+        calls.extend((kwargs, result) for result in results)
+        return results
 
-    monkeypatch.setattr(lm_eval_model, "decode", recorded)
+    monkeypatch.setattr(lm_eval_model, "decode_batch", recorded)
     return calls
 
 
@@ -192,8 +193,8 @@ def test_lm_evals_batch_size_decodes_requests_together_with_todays_answers(layer
     contexts = [layerskip_lm.apply_chat_template(messages) for messages in asked]
     requests = [SimpleNamespace(args=(context, {"until": ["\n\n"], "max_gen_toks": 8})) for context in contexts]
     alone = layerskip_lm.generate_until(requests, disable_tqdm=True)
-    assert calls == []
+    assert calls == [1, 1, 1]  # each alone: a batch of one
     monkeypatch.setattr(layerskip_lm, "batch_size", 2)
     together = layerskip_lm.generate_until(requests, disable_tqdm=True)
-    assert calls == [2]  # the first two together; the third alone (decode)
+    assert calls == [1, 1, 1, 2, 1]  # the first two together; the third alone
     assert together == alone and all(alone)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mars_bench.bench.claims import Claim
-from mars_bench.bench.records import RECORD_FIELDS, read_rows
+from mars_bench.bench.records import EARLIER_BACKEND, RECORD_FIELDS, read_rows
 from mars_bench.common.files import atomic_create
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
@@ -36,7 +36,8 @@ def baseline_conditions(cfg: Any) -> dict[str, Any]:
     return {"target": model.target, "dtype": model.dtype, "attn_implementation": model.attn_implementation,
             "device_map": model.device_map, "task": task.name, "scorer": task.scorer, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-            "threads": cfg.threads, "batch_size": getattr(cfg, "batch_size", 1)}  # fmt: skip
+            "threads": cfg.threads, "batch_size": getattr(cfg, "batch_size", 1),
+            "backend": getattr(cfg, "backend", EARLIER_BACKEND)}  # fmt: skip
 
 
 HASHED_AS = {"attn_implementation": "attn"}  # the names earlier versions hashed: their cached baselines still match
@@ -48,6 +49,8 @@ def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> st
     fixed = {HASHED_AS.get(name, name): value for name, value in baseline_conditions(cfg).items()}
     if fixed["batch_size"] == 1:
         del fixed["batch_size"]  # as earlier versions hashed it: their cached baselines still match
+    if fixed["backend"] == EARLIER_BACKEND:
+        del fixed["backend"]  # likewise
     fixed |= {"question_id": str(question_id), "prompt": prompt, "seed": seed}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 

@@ -41,8 +41,9 @@ RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: 
 # between the cells of a sweep; the analysis pairs a method with a baseline, and pools rows into one
 # setting, only where they agree (records older than schema 7 lack the last four: they agree as unknown).
 BASELINE_CONDITIONS = ("target", "dtype", "attn_implementation", "device_map", "task", "scorer", "temperature", "top_p",
-                       "top_k", "max_new_tokens", "seed", "threads", "batch_size")  # fmt: skip
-# (batch_size from schema 8 on: older rows were decoded one at a time, batch_size 1)
+                       "top_k", "max_new_tokens", "seed", "threads", "batch_size", "backend")  # fmt: skip
+# (batch_size from schema 8 on: older rows were decoded one at a time, batch_size 1; backend from schema 11 on)
+EARLIER_BACKEND = "transformers"  # what ran every row, and every config, older than the backend field
 
 
 @dataclass
@@ -133,7 +134,7 @@ class Record:
     baseline_from: str | None = None  # baseline rows reused from another cell: the cell that decoded them
     draft_length: str = "fixed"  # the draft-length policy: fixed | schedule | confidence
     drafter_setting: str = ""  # the drafter's shaping keys, e.g. "gamma=5,top_k=3,tree_tokens=16"
-    backend: str = "transformers"  # what ran the method (mars_bench/backends); older rows: transformers
+    backend: str = EARLIER_BACKEND  # what ran the method (mars_bench/backends); older rows: EARLIER_BACKEND
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -26,7 +26,6 @@ def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, 
     settings = spec.verifier_values if spec is not None else {}
     return {
         "cell": name,
-        "backend": cfg.get("backend", "transformers"),
         "model": model.name,
         "draft_model": model.draft_model if drafter_needs_model(cfg.drafter.name) else None,
         "drafter": cfg.drafter.name,
