@@ -247,7 +247,7 @@ def test_a_misspelt_key_or_a_mistyped_value_fails_as_the_config_composes(overrid
         (["top_p=0"], "top_p=0.0 is invalid"),
         (["model=smollm2-135m"], "drafter=model needs model.draft_model"),
         (["drafter.length=wild"], "drafter.length='wild' is invalid: allowed are fixed, schedule, confidence, gain"),
-        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are cascade, exact, "),
+        (["shadow=[strict]"], "shadow verifier 'strict' is unknown: allowed are bild, cascade, exact, "),
     ],
 )
 def test_a_value_out_of_range_fails_with_one_line_before_any_model_loads(overrides, message):
@@ -260,7 +260,8 @@ def test_a_value_out_of_range_fails_with_one_line_before_any_model_loads(overrid
 def test_an_unknown_config_option_stops_the_app_with_one_line_and_no_traceback():
     result = app("verifier=strict")
     assert result.returncode == 2
-    assert result.stderr.startswith("mars_bench: error: verifier=strict is not a verifier option: allowed are cascade, exact, ")
+    expected = "mars_bench: error: verifier=strict is not a verifier option: allowed are bild, cascade, exact, "
+    assert result.stderr.startswith(expected)
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 

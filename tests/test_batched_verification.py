@@ -28,6 +28,8 @@ SETTINGS = {
     "cascade": {"rule": "opt", "alpha": 0.5},
     "mentored": {"kl_budget": 0.05},
     "tv_budget": {"eps": 0.1},
+    "threshold": {"threshold_single": 0.3, "threshold_acc": 0.5},
+    "fsd": {"threshold": 0.4},
 }
 EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # per verifier, on both cores
 

@@ -283,7 +283,7 @@ def test_schema_entries_are_no_options(clone, choice):
 
 def test_help_lists_no_schema_entries(clone):
     listing = app("--help", cwd=clone)
-    assert listing.returncode == 0 and "verifier: cascade, exact" in listing.stdout and "_schema" not in listing.stdout
+    assert listing.returncode == 0 and "verifier: bild, cascade, exact" in listing.stdout and "_schema" not in listing.stdout
 
 
 def test_the_engine_reports_its_tokens_after_every_step_and_decodes_the_same():

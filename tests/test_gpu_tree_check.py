@@ -19,7 +19,7 @@ def test_the_tiny_check_reports_every_measurement(tmp_path):
     assert report["exact_check"] == {"prompts": 3, "identical": 3}
     measured = report["measured"]
     assert 1 <= measured["tree_nodes"] <= 49
-    verifiers = ("exact", "mars", "mars_ref", "rejection", "typical")
+    verifiers = ("exact", "mars", "mars_ref", "rejection", "threshold", "typical")  # the ones that judge trees
     assert set(measured["verify_tree_ms"]) == {f"{name}_{t}" for name in verifiers for t in ("t0", "t1")}
     assert measured["decode"]["mars_eagle3_tree"]["new_tokens"] == 4
     assert "| target forward, 1 token |" in (tmp_path / "gpu_tree_check.md").read_text()

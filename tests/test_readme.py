@@ -744,6 +744,7 @@ def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_load
     from mars_bench.lm_eval_model import MarsBenchLM
 
     message = ("unknown model_args topk for drafter=model_tree, verifier=mars: their settings are context_vocab, correction, "
-               "draft_vocab, entropy_gate, guard, theta, token_counts, top_k, tree_tokens, weights")  # fmt: skip
+               "draft_vocab, entropy_gate, exact_first, guard, margin_logits, sampling, theta, token_counts, top_k, tree_tokens, "
+               "weights")  # fmt: skip
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)

@@ -337,7 +337,7 @@ class _Batch:
             next_tokens = torch.cat([choose_tokens(logits[index, :1], self.sampling, row.generator)
                                      for index, row in enumerate(rows)]).tolist()  # fmt: skip
             return [None] * len(rows), next_tokens, clock.lap(), [_Aside() for _ in rows]
-        steps = self.verify_inputs(drafts, block, logits)
+        steps = self.verify_inputs(drafts, block, logits, [len(row.tokens) for row in rows])
         verdicts = self.verify(rows, steps)
         verify_s = clock.lap()
         aside = self.judge_aside(rows, steps, verdicts, block, clock)
@@ -362,15 +362,17 @@ class _Batch:
                 parents[index, : len(nodes) + 1] = block_parents(nodes)
         return _Block(tokens, fed, parents, trees, node_parents)
 
-    def verify_inputs(self, drafts: list[Draft | None], block: _Block, logits: torch.Tensor) -> list[VerifyInput]:
+    def verify_inputs(self, drafts: list[Draft | None], block: _Block, logits: torch.Tensor,
+                      generated: list[int]) -> list[VerifyInput]:  # fmt: skip
         """Every row's step, each on its own logits rows. A row without drafts is judged too (its next token),
-        and where some rows give q or distributions, every row gives them (1 and [0, V] where it has none)."""
+        and where some rows give q or distributions, every row gives them (1 and [0, V] where it has none).
+        ``generated``: each row's new tokens before this step (the exact-first window reads them)."""
         with_probs = any(draft is not None and draft.probs is not None for draft in drafts)
         with_dists = any(draft is not None and draft.dists is not None for draft in drafts)
         no_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
         no_dists = torch.zeros(0, logits.shape[-1], device=self.device)
         steps = []
-        for index, (draft, parents) in enumerate(zip(drafts, block.node_parents)):
+        for index, (draft, parents, before) in enumerate(zip(drafts, block.node_parents, generated)):
             count = 0 if draft is None else len(draft)
             probs = None if draft is None else draft.probs
             dists = None if draft is None else draft.dists
@@ -381,6 +383,7 @@ class _Batch:
                 sampling=self.sampling,
                 draft_probs=(torch.ones(count, device=self.device) if probs is None else probs.float()) if with_probs else None,
                 draft_dists=(no_dists if dists is None else dists) if with_dists else None,
+                generated=(before,),
             ))  # fmt: skip
         return steps
 

@@ -7,12 +7,18 @@ verifier_settings("mars")  # MarsParams: the allowed settings, their defaults an
 """
 
 from mars_bench.verification import (  # noqa: F401  (registration)
+    bild,
     cascade,
+    exact_first,
+    fly,
+    fsd,
     lenient,
+    lossy_sd,
     mars,
     mars_ref,
     mentored,
     strict,
+    threshold,
     top_m,
     tv_budget,
     typical,

@@ -6,11 +6,14 @@ token to emit after them. It never calls a model and never does I/O.
 
 Each verifier declares its settings once, as a frozen dataclass registered with it
 (``register_verifier(name, params=...)``): the dataclass validates the values, names the
-allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` reports.
+allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` reports. The
+registry adds one setting to every lossy verifier's: ``exact_first`` (``WINDOW``, see
+``exact_first.py``), the lossless rule for the first tokens of each answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,13 +22,14 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from mars_bench.common.reasons import Reason
-from mars_bench.common.settings import check_settings_class, label_values, settings_from
+from mars_bench.common.settings import OPTIONAL, check_settings_class, label_values, settings_from
 from mars_bench.verification.sampling import Generators, SamplingParams
 
 __all__ = [
     "Decisions",
     "NoParams",
     "Reason",
+    "WINDOW",
     "Verdict",
     "Verifier",
     "VerifyInput",
@@ -35,8 +39,10 @@ __all__ = [
     "check_range",
     "check_theta",
     "check_unit_interval",
+    "check_window",
     "get_verifier",
     "register_verifier",
+    "register_window",
     "verifier_settings",
 ]
 
@@ -57,6 +63,8 @@ class VerifyInput:
         N_b per request: each tensor above holds the requests' entries one after another (request
         b's N_b drafts, and its N_b + 1 target-logits rows, so target_logits is [N + B, V]), and
         ``parents`` index each request's own nodes. ``Verifier.verify_batch`` judges it.
+    generated: None, or per request the tokens its answer generated before this step: its depth-d
+        drafts are judged at generated position ``generated[b] + d`` (``exact_first`` reads it).
     """
 
     draft_tokens: torch.Tensor
@@ -66,6 +74,7 @@ class VerifyInput:
     draft_probs: torch.Tensor | None = None
     draft_dists: torch.Tensor | None = None
     drafts_per_row: tuple[int, ...] | None = None
+    generated: tuple[int, ...] | None = None
 
     @property
     def num_drafts(self) -> int:
@@ -84,6 +93,12 @@ class VerifyInput:
         ):
             allowed = f"a count >= 0 per request, summing to N = {n}"
             raise ValueError(f"drafts_per_row={self.drafts_per_row!r} is invalid: allowed is {allowed}")
+        if self.generated is not None and (
+            len(self.generated) != self.batch_size
+            or not all(isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in self.generated)
+        ):
+            allowed = f"a count >= 0 per request ({self.batch_size})"
+            raise ValueError(f"generated={self.generated!r} is invalid: allowed is {allowed}")
         if self.draft_tokens.dim() != 1:
             raise ValueError(f"draft_tokens must be 1-D, got shape {tuple(self.draft_tokens.shape)}")
         rows, shape = n + self.batch_size, "[N+1, V]" if self.drafts_per_row is None else "[N+B, V]"
@@ -104,8 +119,8 @@ class VerifyInput:
 def batch_steps(steps: Sequence[VerifyInput]) -> VerifyInput:
     """One step judging every request of ``steps`` (each one request's step) together.
 
-    They must share the sampling settings, and give ``draft_probs`` and ``draft_dists`` all or
-    none; the drafts and logits are concatenated in order (see ``VerifyInput.drafts_per_row``).
+    They must share the sampling settings, and give ``draft_probs``, ``draft_dists`` and ``generated``
+    all or none; the drafts and logits are concatenated in order (see ``VerifyInput.drafts_per_row``).
     """
     if not steps:
         raise ValueError("batch_steps needs at least one step")
@@ -115,7 +130,7 @@ def batch_steps(steps: Sequence[VerifyInput]) -> VerifyInput:
             raise ValueError("batch_steps takes one request's steps, got a batched step")
         if step.sampling != first.sampling:
             raise ValueError(f"the steps of a batch share their sampling: got {step.sampling} and {first.sampling}")
-        for field in ("draft_probs", "draft_dists"):
+        for field in ("draft_probs", "draft_dists", "generated"):
             if (getattr(step, field) is None) != (getattr(first, field) is None):
                 raise ValueError(f"the steps of a batch give {field} all or none")
     joined = lambda field: None if getattr(first, field) is None else torch.cat([getattr(s, field) for s in steps])  # noqa: E731
@@ -127,6 +142,7 @@ def batch_steps(steps: Sequence[VerifyInput]) -> VerifyInput:
         draft_probs=joined("draft_probs"),
         draft_dists=joined("draft_dists"),
         drafts_per_row=tuple(step.num_drafts for step in steps),
+        generated=None if first.generated is None else tuple(count for step in steps for count in step.generated),
     )
 
 
@@ -216,11 +232,50 @@ def check_choice(option: str, value: object, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
+WINDOW = "exact_first"  # every lossy verifier's setting: the lossless rule for the first L tokens of each answer
+
+
+def check_window(value: object) -> int:
+    """``exact_first`` must be an integer >= 0 (0: off); returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{WINDOW}={value!r} is invalid: allowed is an integer >= 0 (0 = off)")
+    return value
+
+
+def settings_of(name: str, values: tuple[tuple[str, object], ...]) -> Any:
+    """The registered settings of verifier ``name`` from (key, value) pairs: how a pickle rebuilds them."""
+    return verifier_settings(name)(**dict(values))
+
+
+def windowed(name: str, params: type) -> type:
+    """``params`` with ``exact_first`` added (default 0, ``OPTIONAL``: labels carry it only when set), the
+    settings class the registry holds for a lossy verifier: a subclass of ``params`` under its name, checked
+    by ``params``'s own ``__post_init__`` first, pickled by the verifier's name (its class name is not its own)."""
+    if WINDOW in {item.name for item in dataclasses.fields(params)}:
+        raise TypeError(f"settings of verifier {name} declare {WINDOW}, which the registry adds to every lossy verifier")
+    own_check = getattr(params, "__post_init__", None)
+
+    def __post_init__(self: Any) -> None:
+        if own_check is not None:
+            own_check(self)
+        check_window(getattr(self, WINDOW))
+
+    def __reduce__(self: Any) -> tuple[Any, ...]:
+        return settings_of, (name, tuple((item.name, getattr(self, item.name)) for item in dataclasses.fields(self)))
+
+    window = (WINDOW, int, dataclasses.field(default=0, metadata=OPTIONAL))
+    namespace = {"__post_init__": __post_init__, "__reduce__": __reduce__, "__doc__": params.__doc__}
+    derived = dataclasses.make_dataclass(params.__name__, [window], bases=(params,), frozen=True, namespace=namespace)
+    derived.__module__, derived.__qualname__ = params.__module__, params.__qualname__
+    return derived
+
+
 class Verifier:
     """Base class: subclasses implement ``verify``, set ``lossless`` (and ``has_trigger`` when
     their rule has a relaxation trigger), and are registered with their settings class.
 
-    params: the verifier's settings, an instance of the dataclass it was registered with.
+    params: the verifier's settings, an instance of the dataclass it was registered with (of a lossy
+        verifier: that class with ``exact_first``, ``windowed``; an instance of the declared class is taken too).
     """
 
     name: ClassVar[str]
@@ -232,6 +287,8 @@ class Verifier:
     def __init__(self, params: Any = None) -> None:
         if params is None:
             params = self.params_type()
+        if type(params) in self.params_type.__mro__[1:] and dataclasses.is_dataclass(params):  # the declared class
+            params = self.params_type(**{item.name: getattr(params, item.name) for item in dataclasses.fields(params)})
         if not isinstance(params, self.params_type):
             raise TypeError(f"verifier {self.name} takes {self.params_type.__name__}, got {type(params).__name__}")
         self.params = params
@@ -273,13 +330,13 @@ def register_verifier(name: str, params: type = NoParams) -> Callable[[V], V]:
     """Class decorator: make a verifier available to ``get_verifier(name, **settings)``.
 
     params: a frozen dataclass whose fields are the verifier's settings (with defaults) and
-    whose ``__post_init__`` validates them.
+    whose ``__post_init__`` validates them. A lossy verifier takes ``exact_first`` as well (``windowed``).
     """
     check_settings_class("verifier", name, params)
 
     def wrap(cls: V) -> V:
         cls.name = name
-        cls.params_type = params
+        cls.params_type = params if getattr(cls, "lossless", False) else windowed(name, params)
         _REGISTRY[name] = cls
         return cls
 
@@ -302,6 +359,18 @@ def verifier_settings(name: str) -> type:
 
 
 def get_verifier(name: str, **settings: object) -> Verifier:
-    """Build the verifier registered as ``name`` with its settings (unset ones take their defaults)."""
+    """Build the verifier registered as ``name`` with its settings (unset ones take their defaults); with
+    ``exact_first`` > 0, inside its window (``register_window``)."""
     cls = _verifier_class(name)
-    return cls(settings_from("verifier", name, cls.params_type, settings))
+    verifier = cls(settings_from("verifier", name, cls.params_type, settings))
+    return _WINDOW[0](verifier) if getattr(verifier.params, WINDOW, 0) else verifier
+
+
+_WINDOW: list[Callable[[Verifier], Verifier]] = []  # the wrapper register_window names
+
+
+def register_window(wrapper: Callable[[Verifier], Verifier]) -> Callable[[Verifier], Verifier]:
+    """Decorator: ``get_verifier`` returns ``wrapper(verifier)`` for a verifier whose ``exact_first`` is set
+    (``exact_first.ExactFirst``, registered as ``mars_bench.verification`` is imported)."""
+    _WINDOW[:] = [wrapper]
+    return wrapper
