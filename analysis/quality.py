@@ -36,12 +36,12 @@ def quality_table(frame: pd.DataFrame, include_cut: bool = False) -> pd.DataFram
         same = ((base["model"] == model) & (base["task"] == task) & (base["temperature"] == temperature)
                 & (base["conditions"] == conditions))  # fmt: skip
         candidates = pd.concat([group, base[same]]).drop_duplicates(["label", *PROMPT])
-        strict = strict_verifier(temperature)
-        reference = strict if (candidates["label"] == strict).any() else "baseline"
-        ref_scores = candidates[candidates["label"] == reference][[*PROMPT, "score", "finished"]]
+        references = strict_labels(group, strict_verifier(temperature))
         for label, rows in candidates.groupby("label", sort=True):
+            reference = reference_label(rows, references)
             if label == reference:
                 continue
+            ref_scores = candidates[candidates["label"] == reference][[*PROMPT, "score", "finished"]]
             pairs = rows[[*PROMPT, "score", "finished"]].merge(ref_scores, on=PROMPT, suffixes=("", "_ref"))
             if pairs.empty:
                 continue
@@ -76,3 +76,21 @@ def quality_table(frame: pd.DataFrame, include_cut: bool = False) -> pd.DataFram
     if not out:
         raise NotEnoughData("no method has a strict verifier's or a baseline's scores on the same prompts to compare with")
     return pd.DataFrame(out)
+
+
+def strict_labels(methods: pd.Series | pd.DataFrame, strict: str) -> dict[str, str]:
+    """Draft-length policy -> the label of the strict verifier's rows run with it (a label carries the
+    policy where it is not fixed: ``rejection, confidence length``), over ``methods`` (method rows)."""
+    rows = methods[(methods["verifier"] == strict) & (methods["verifier_setting"].fillna("") == "")]
+    return dict(zip(rows["draft_length"], rows["label"]))
+
+
+def reference_label(rows: pd.DataFrame, references: dict[str, str]) -> str:
+    """What ``rows`` (one label's) are compared with: the strict verifier's rows of the same draft-length
+    policy, the one strict label there is for the baseline's rows, else the baseline."""
+    length = rows["draft_length"].iloc[0] if rows["method"].iloc[0] != "baseline" else None
+    if length in references:
+        return references[length]
+    if length is None and len(set(references.values())) == 1:
+        return next(iter(references.values()))
+    return "baseline"

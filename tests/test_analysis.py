@@ -74,7 +74,7 @@ SCORES = {  # question -> (baseline, rejection, mars 0.9, mars 0.98)
 }  # fmt: skip
 
 
-def scored_sweep(tmp_path, with_strict=True):
+def scored_sweep(tmp_path, with_strict=True, draft_length="fixed"):
     """Three cells of one sweep sharing their baselines: rejection, mars 0.9, mars 0.98."""
     cells = [("rejection", None), ("mars", 0.9), ("mars", 0.98)][0 if with_strict else 1 :]
     for index, (verifier, theta) in enumerate(cells):
@@ -82,7 +82,8 @@ def scored_sweep(tmp_path, with_strict=True):
         rows = []
         for question, scores in SCORES.items():
             rows.append(record(question, "baseline", 10, 2.0, 9, verifier=verifier, theta=theta, score=scores[0]))
-            rows.append(record(question, verifier, 10, 1.0, 3, verifier=verifier, theta=theta, score=scores[column]))
+            rows.append(record(question, verifier, 10, 1.0, 3, verifier=verifier, theta=theta, score=scores[column],
+                               draft_length=draft_length))  # fmt: skip
         write_run(tmp_path / f"{index}_{verifier}_{theta}", rows)
     return gather([tmp_path])
 
@@ -100,6 +101,13 @@ def test_the_quality_table_pairs_every_method_with_the_strict_verifier(tmp_path)
     assert mars["ci_low"] <= mars["difference"] <= mars["ci_high"] <= 0
     same = table.loc["mars (theta=0.98)"]
     assert same["difference"] == 0 and same["p_value"] == 1.0
+
+
+def test_the_strict_verifier_is_the_reference_also_when_its_label_names_a_draft_length(tmp_path):
+    table = quality_table(scored_sweep(tmp_path, draft_length="confidence")).set_index("method")
+    assert (table["reference"] == "rejection, confidence length").all()
+    assert table.loc["mars (theta=0.9), confidence length", "difference"] == pytest.approx(-4 / 6)
+    assert table.loc["baseline", "difference"] == pytest.approx((4 - 5) / 6)
 
 
 def test_without_the_strict_verifier_the_baseline_is_the_reference(tmp_path):
