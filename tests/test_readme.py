@@ -354,7 +354,8 @@ def test_the_batching_grid_then_its_forward_costs_then_its_analysis(tmp_path, mo
     assert "latency_p90_s" in settings and "latency_speedup" in settings
 
 
-ZOO = "python -m mars_bench -m experiment=zoo"
+ZOO = "python -m mars_bench -m experiment=zoo hydra.sweep.dir=ZOO"
+ZOO_2026 = "python -m mars_bench -m experiment=zoo_2026"
 
 
 @pytest.fixture(scope="module")
@@ -380,6 +381,18 @@ def test_the_zoo_then_its_frontier(zoo):
     assert costs["rejection"]["kl"] < 1e-6 and costs["rejection"]["tv"] < 1e-5
     made, _ = index_entries(zoo / shown("python -m analysis ZOO").split("--out ")[1])
     assert {"frontier.png", "fidelity.md", "fidelity.csv", "shadow.md", "decomposition.md", "decomposition.csv"} <= made
+
+
+def test_the_2026_zoos_strict_cells_judge_their_drafts_with_every_new_rule_untimed():
+    """Composed: the zoo's own run above is the same app with other shadows."""
+    t1, t0 = (composed_cells(command) for command in shown_commands() if command.startswith(ZOO_2026 + " "))
+    for cells, temperature, strict in ((t1, 1.0, "rejection"), (t0, 0.0, "exact")):
+        assert [cfg.task.name for cfg in cells] == ["humaneval", "gsm8k", "mt_bench"]
+        assert all(cfg.verifier.name == strict and cfg.temperature == temperature for cfg in cells)
+        assert all(cfg.accuracy_only and cfg.fidelity and cfg.task.max_turns == 1 for cfg in cells)
+    shadows = shadow_verifiers(t1[0])  # every spec builds
+    assert {"fly", "threshold", "fsd", "lossy_sd", "bild", "mars", "mars_ref"} <= {label.split("(")[0] for label in shadows}
+    assert shown("python -m analysis Z26").replace("Z26", "ZOO") == shown("python -m analysis ZOO")
 
 
 def test_the_decomposition_differs_from_the_zoo_only_in_its_configuration(zoo):
