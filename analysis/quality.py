@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import bootstrap_mean_ci, paired_permutation_p
 from mars_bench.bench.summary import cut_answers
 from mars_bench.common.strict_rule import strict_verifier
@@ -78,7 +79,7 @@ def quality_table(frame: pd.DataFrame, include_cut: bool = False) -> pd.DataFram
     return pd.DataFrame(out)
 
 
-def strict_labels(methods: pd.Series | pd.DataFrame, strict: str) -> dict[str, str]:
+def strict_labels(methods: pd.DataFrame, strict: str) -> dict[str, str]:
     """Draft-length policy -> the label of the strict verifier's rows run with it (a label carries the
     policy where it is not fixed: ``rejection, confidence length``), over ``methods`` (method rows)."""
     rows = methods[(methods["verifier"] == strict) & (methods["verifier_setting"].fillna("") == "")]
@@ -88,7 +89,7 @@ def strict_labels(methods: pd.Series | pd.DataFrame, strict: str) -> dict[str, s
 def reference_label(rows: pd.DataFrame, references: dict[str, str]) -> str:
     """What ``rows`` (one label's) are compared with: the strict verifier's rows of the same draft-length
     policy, the one strict label there is for the baseline's rows, else the baseline."""
-    length = rows["draft_length"].iloc[0] if rows["method"].iloc[0] != "baseline" else None
+    length = rows["draft_length"].iloc[0] if rows["method"].iloc[0] != BASELINE else None
     if length in references:
         return references[length]
     if length is None and len(set(references.values())) == 1:
