@@ -16,7 +16,7 @@ from mars_bench.drafting.stop import ConfidenceStop, GainStop
 from mars_bench.models.loading import stop_token_ids
 from mars_bench.perf.suite import first_turn_prompts
 
-NEW_TOKENS = 32
+NEW_TOKENS = 16
 
 
 def counted_drafts(smollm, guesses: int, temperature: float) -> tuple[list, list, int]:
