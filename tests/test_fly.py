@@ -383,3 +383,19 @@ def chi_square(counts: list[float], dist: list[float]) -> float:
         return 1.0  # one cell: the counts match the total by construction
     statistic = sum((seen - wanted) ** 2 / wanted for seen, wanted in zip(observed, predicted))
     return float(chi2.sf(statistic, len(observed) - 1))
+
+
+def test_a_row_reached_only_through_a_window_with_a_vanishing_proposal_is_still_a_distribution():
+    """Row 1 is reached only inside row 0's window, and its draft is natively accepted only for a
+    token whose q is 1.18e-38 (float32's smallest normal): P_V there is that token, not a ~1e-8 mass
+    lost to a division guard (a case hypothesis found)."""
+    tiny = torch.finfo(torch.float32).tiny
+    q = torch.tensor([[0.0, 0.0, 1.0], [1.0, tiny, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    logits = [[0.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    step = chain(logits, [2, 0, 0], SamplingParams(temperature=0.5), draft_dists=q, draft_probs=torch.tensor([1.0, 1.0, 1 / 3]))
+    verifier = get_verifier("fly", entropy=0.1, window=1, window_from="next_or_bonus", native="argmax", entropy_form="normalised")
+    emission = verifier.emission(step)
+    dist, accept = enumerated(verifier, step)
+    torch.testing.assert_close(emission.dist.double().sum(-1), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(emission.dist.double(), dist, rtol=0, atol=2e-6)
+    torch.testing.assert_close(emission.accept.double(), accept, rtol=0, atol=2e-6)

@@ -273,14 +273,17 @@ class FlyVerifier(TreeVerifier):
         else:
             correction = normalised((p - q).clamp(min=0.0), p) if self.params.native == "pq" else p
             judged = mix(q, accept, correction, layout.judging_rows)
-        native_kept = q * keep
-        native_alpha = native_kept.sum(dim=-1).double()
-        total = clear + owing * native_alpha
+        # In float64 and as shares in [0, 1]: a natively kept mass near float32's smallest normal must
+        # not meet a division guard (the walk can reach j with probability ~1e-38 and no other way).
+        native_kept = q.double() * keep.double()
+        native_alpha = native_kept.sum(dim=-1)
+        inside = owing * native_alpha  # P(reach j inside a window, and x_j ~ q accepted natively there)
+        total = clear + inside
         conditioned = (owing > 0) & (total > 0)
-        share = torch.where(conditioned, owing / total.clamp(min=TINY), 0.0)
-        stay = torch.where(conditioned, clear / total.clamp(min=TINY), 1.0)
-        dist = torch.where(
-            conditioned[:, None], stay.float()[:, None] * judged.dist + share.float()[:, None] * native_kept, judged.dist
-        )
-        alpha = torch.where(conditioned, stay * judged.accept.double() + share * native_alpha, judged.accept.double())
-        return Emission(dist, alpha.float(), judged.rows)
+        safe_total = torch.where(conditioned, total, 1.0)
+        share = torch.where(conditioned, inside / safe_total, 0.0)  # [N]: the window branch's weight
+        stay = torch.where(conditioned, clear / safe_total, 1.0)
+        kept_law = native_kept / torch.where(native_alpha > 0, native_alpha, 1.0)[:, None]  # zero rows stay zero
+        dist = stay[:, None] * judged.dist.double() + share[:, None] * kept_law
+        alpha = stay * judged.accept.double() + share  # inside a window x_j was accepted natively: alpha 1 there
+        return Emission(dist.float(), alpha.float(), judged.rows)
