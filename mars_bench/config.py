@@ -525,10 +525,10 @@ def check_run_config(cfg: Any) -> None:
     method_spec(cfg)
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
-    from mars_bench.backends import check_backend
+    from mars_bench.backends import TransformersBackend, check_backend_config
 
-    check_backend(cfg.backend)
-    if cfg.batch_size > 1:
+    check_backend_config(cfg)
+    if cfg.batch_size > 1 and cfg.backend == TransformersBackend.name:  # this package's batched engine
         from mars_bench.drafting.batched import check_batch_drafter
 
         check_batch_drafter(cfg.drafter.name)

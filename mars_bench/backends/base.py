@@ -95,12 +95,17 @@ class Backend(ABC):
 
 
 BackendFactory = Callable[[Any], Backend]  # the cell's resolved config -> a backend
+BackendCheck = Callable[[Any], None]  # the resolved config -> ValueError (one line) for what the backend cannot run
 _BACKENDS: dict[str, BackendFactory] = {}
+_CHECKS: dict[str, BackendCheck] = {}
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``backend=name`` build its backend with ``factory(cfg)``."""
+def register_backend(name: str, factory: BackendFactory, check: BackendCheck | None = None) -> None:
+    """Make ``backend=name`` build its backend with ``factory(cfg)``; ``check(cfg)`` refuses, before any
+    model loads, a config the backend cannot run."""
     _BACKENDS[name] = factory
+    if check is not None:
+        _CHECKS[name] = check
 
 
 def available_backends() -> list[str]:
@@ -111,6 +116,13 @@ def check_backend(name: str) -> None:
     """ValueError, in one line, for a backend name nothing registered."""
     if name not in _BACKENDS:
         raise ValueError(f"backend={name!r} is unknown: allowed are {', '.join(available_backends())}")
+
+
+def check_backend_config(cfg: Any) -> None:
+    """The backend's name, then its own check of ``cfg`` (ValueError, one line), before any model loads."""
+    check_backend(cfg.backend)
+    if cfg.backend in _CHECKS:
+        _CHECKS[cfg.backend](cfg)
 
 
 def make_backend(cfg: Any) -> Backend:

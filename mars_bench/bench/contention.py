@@ -1,8 +1,8 @@
 """Did anything else use the machine while a decode was timed?
 
 A timing is only as good as the machine was quiet. The kernel counts the CPU time spent busy on
-every core and the time this process used (all its threads); psutil reads both on any system it
-supports (``cpu_times``, ``Process().cpu_times()``). Their difference over a timed interval is the
+every core and the time this process and its children used (all their threads); psutil reads both on
+any system it supports (``cpu_times``, ``Process().cpu_times()``). Their difference over a timed interval is the
 CPU time every *other* process took (and, on a virtual machine, the time the hypervisor stole).
 Divided by the interval it is how many cores others kept busy on average: ``other_load``. On CUDA,
 NVML (``pynvml``, where installed) reports each process's share of the GPU's streaming
@@ -38,9 +38,18 @@ def machine_busy_s() -> float | None:
 
 
 def own_cpu_s() -> float:
-    """CPU seconds this process used (user + system, every thread)."""
-    times = psutil.Process().cpu_times()
-    return times.user + times.system
+    """CPU seconds this process and its children used (user + system, every thread): a backend's engine
+    processes (``backend=vllm``'s workers) are this run's work, not another's."""
+    me = psutil.Process()
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system  # children already waited for
+    for child in me.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:  # it ended between the listing and the read
+            continue
+        total += child_times.user + child_times.system
+    return total
 
 
 @dataclass(frozen=True)

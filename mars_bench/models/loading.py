@@ -118,16 +118,21 @@ def check_tokenizers_compatible(target: Any, drafter: Any) -> None:
 
 def stop_token_ids(loaded: LoadedModel) -> list[int]:
     """EOS ids from the generation config and the tokenizer (chat end-of-turn included)."""
+    return stop_tokens_of(loaded.tokenizer, getattr(loaded.model.generation_config, "eos_token_id", None))
+
+
+def stop_tokens_of(tokenizer: Any, eos: int | list[int] | None) -> list[int]:
+    """EOS ids: the generation config's ``eos`` (an id, a list or None), the tokenizer's, and the chat
+    end-of-turn markers its vocabulary has."""
     ids: set[int] = set()
-    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
     if isinstance(eos, int):
         ids.add(eos)
     elif eos:
         ids.update(eos)
-    if loaded.tokenizer.eos_token_id is not None:
-        ids.add(loaded.tokenizer.eos_token_id)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
     for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
-        token_id = loaded.tokenizer.get_vocab().get(marker)
+        token_id = tokenizer.get_vocab().get(marker)
         if token_id is not None:
             ids.add(token_id)
     return sorted(ids)

@@ -1,0 +1,204 @@
+"""``backend=vllm``: the baseline and the method run in vLLM's offline engine, and the method's verifier
+(one of this package's) decides acceptance inside it through the plugin (``serving/vllm_plugin.py``).
+
+vLLM pins another transformers than this package, so it lives in an environment of its own
+(``python -m mars_bench.serving.install`` makes it). Each prepared method gets a worker process in that
+environment (``serving/vllm_worker.py``) holding one ``vllm.LLM``: without speculation for the baseline,
+with it for the method. This process keeps the tokenizer, the records and everything else.
+
+Drafters: ``model`` is vLLM's ``draft_model`` (the model's ``draft_model``), ``lookup`` its ``ngram``
+(``min_ngram``/``max_ngram``), ``eagle3`` its ``eagle3`` with the model's ``eagle3_head``; ``gamma`` is
+``num_speculative_tokens`` (fixed: vLLM drafts a fixed count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mars_bench.backends.base import Backend, PreparedMethod, Requests
+from mars_bench.decoding.trace import DecodeResult, StepRecord
+from mars_bench.method import MethodSpec
+from mars_bench.models.loading import stop_tokens_of
+from mars_bench.models.sources import resolve_model
+from mars_bench.serving.install import COMMAND, PYTHON_ENV, TESTED_VLLM, installed_vllm, vllm_python
+
+DRAFTERS = {"model": "draft_model", "lookup": "ngram", "eagle3": "eagle3"}  # ours -> vLLM's method
+MAX_MODEL_LEN = 4096  # prompt and answer, in tokens: what vLLM sizes its KV cache for
+
+
+def check_vllm_config(cfg: Any) -> None:
+    """Refuse, in one line and before any model loads, what ``backend=vllm`` cannot run."""
+    drafter = cfg.drafter.name
+    if drafter not in (*DRAFTERS, "none"):
+        raise ValueError(f"drafter={drafter} does not run in vLLM: allowed with backend=vllm are {', '.join(DRAFTERS)}")
+    if drafter != "none" and cfg.drafter.length != "fixed":
+        raise ValueError(f"drafter.length={cfg.drafter.length} does not run in vLLM, which drafts gamma tokens a step: "
+                         "allowed with backend=vllm is drafter.length=fixed")  # fmt: skip
+    for key, value in (("fidelity", cfg.fidelity and "true"), ("shadow", list(cfg.shadow))):
+        if value:
+            raise ValueError(f"{key}={value} is not recorded by backend=vllm yet: allowed there is {key}=" +
+                             ("false" if key == "fidelity" else "[]"))  # fmt: skip
+    python = vllm_python()
+    version = installed_vllm(python)
+    if version is None:
+        raise ValueError(f"backend=vllm needs vLLM, which {python} does not have: install it with `{COMMAND}` "
+                         f"(or set {PYTHON_ENV} to a Python with vLLM {TESTED_VLLM} and mars_bench)")  # fmt: skip
+    if version != TESTED_VLLM:
+        raise ValueError(f"vLLM {version} (at {python}) is not the tested one: backend=vllm replaces the acceptance "
+                         f"function of vLLM {TESTED_VLLM}")  # fmt: skip
+
+
+def speculative_config(spec: MethodSpec, cfg: Any) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for the method (None for the baseline)."""
+    if not spec.drafts:
+        return None
+    method = DRAFTERS[spec.drafter]
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": spec.length.gamma}
+    if method == "draft_model":
+        config["model"] = str(resolve_model(cfg.model.draft_model).path)
+    elif method == "eagle3":
+        config["model"] = str(resolve_model(cfg.model.eagle3_head).path)
+    else:
+        config["prompt_lookup_min"] = spec.drafter_settings.min_ngram
+        config["prompt_lookup_max"] = spec.drafter_settings.max_ngram
+    return config
+
+
+class VllmWorker:
+    """One worker process in vLLM's environment, speaking JSON lines (``serving/vllm_worker.py``)."""
+
+    def __init__(self, python: Path, verifier: dict[str, Any] | None, folder: Path, label: str,
+                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.log = folder / f"{label}.log"
+        self.trace = folder / f"{label}.trace.jsonl"
+        source = str(Path(__file__).resolve().parents[2])  # this package's copy, whatever the environment holds
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MARS_BENCH_VLLM_TRACE": str(self.trace),
+               "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if verifier is not None:
+            env["MARS_BENCH_VLLM_VERIFIER"] = json.dumps(verifier)
+        env.update(extra_env or {})
+        read, write = os.pipe()
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [str(python), "-m", "mars_bench.serving.vllm_worker", "--reply-fd", str(write)],
+                stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write,), env=env, text=True,
+            )  # fmt: skip
+        os.close(write)
+        self.replies = os.fdopen(read)
+
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM worker stopped (exit {self.process.wait()}): see {self.log}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"vLLM: {answer['error']} (see {self.log})")
+        return answer
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+
+
+def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...]) -> DecodeResult:
+    """A ``DecodeResult`` from one request's worker answer: its tokens, the engine's timestamps (prefill:
+    scheduled to first token; decode: first to last token) and its steps after the prefill's."""
+    steps = [
+        StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
+                   emitted=step["accepted"] + 1, reasons=step["reasons"])
+        for step in result["steps"][1:]
+    ]  # fmt: skip
+    tokens = result["tokens"]
+    emitted = len(tokens) - 1  # the prefill's token first; budgets and stops cut the last step's emission
+    for step in steps:
+        step.emitted = min(step.emitted, max(emitted, 0))
+        emitted -= step.emitted
+    if result["finish"] == "length":
+        reason = "max_new_tokens"
+    else:
+        reason = "stop_token" if tokens and tokens[-1] in stops else "stop_string"
+    return DecodeResult(prompt_len, tokens, steps, prefill_s=max(result["first_token"] - result["scheduled"], 0.0),
+                        decode_s=max(result["last_token"] - result["first_token"], 0.0), stop_reason=reason)  # fmt: skip
+
+
+class VllmBackend(Backend):
+    """vLLM's offline engine on the cell's target, one worker per method (see the module)."""
+
+    name: ClassVar[str] = "vllm"
+
+    def __init__(self, cfg: Any) -> None:
+        from transformers import AutoTokenizer
+
+        check_vllm_config(cfg)
+        self.cfg = cfg
+        self.target = resolve_model(cfg.model.target)
+        self._tokenizer = AutoTokenizer.from_pretrained(str(self.target.path))
+        self.folder = Path(tempfile.mkdtemp(prefix="mars_bench_vllm_"))
+        self.workers: list[VllmWorker] = []
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        config = Path(self.target.path) / "generation_config.json"
+        eos = json.loads(config.read_text()).get("eos_token_id") if config.is_file() else None
+        return tuple(stop_tokens_of(self._tokenizer, eos))
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")  # vLLM's memory is its own process's: this one's peak says nothing of it
+
+    def models(self) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, label: str, spec: MethodSpec) -> PreparedMethod:
+        verifier = None if spec.verifier is None else spec.build_verifier().describe()
+        settings = None if verifier is None else {k: v for k, v in verifier.items() if k != "name"}
+        worker = VllmWorker(vllm_python(), None if verifier is None else {"name": spec.verifier, "settings": settings},
+                            self.folder, label)  # fmt: skip
+        self.workers.append(worker)
+        m = self.cfg.model
+        worker.ask({"op": "load", "model": str(self.target.path), "dtype": m.dtype, "seed": self.cfg.seed,
+                    "max_model_len": MAX_MODEL_LEN, "max_num_seqs": max(self.cfg.batch_size, 1),
+                    "speculative_config": speculative_config(spec, self.cfg)})  # fmt: skip
+        return PreparedMethod(label, spec, worker)
+
+    def describe(self, method: PreparedMethod) -> dict[str, Any]:
+        spec = method.spec
+        return {"drafter": speculative_config(spec, self.cfg),
+                "verifier": None if spec.verifier is None else spec.build_verifier().describe()}  # fmt: skip
+
+    def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
+        sampling = method.spec.sampling
+        stop_strings = list(getattr(requests.stop_when, "strings", ()) or ())
+        answer = method.handle.ask({
+            "op": "generate", "prompts": [list(p) for p in requests.prompts], "seeds": list(requests.seeds),
+            "max_new_tokens": requests.max_new_tokens, "stop_token_ids": list(requests.stop_token_ids),
+            "stop": stop_strings, "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                               "top_k": sampling.top_k},
+        })  # fmt: skip
+        return [decode_result(result, len(prompt), tuple(requests.stop_token_ids))
+                for result, prompt in zip(answer["results"], requests.prompts)]  # fmt: skip
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+

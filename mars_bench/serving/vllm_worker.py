@@ -1,0 +1,167 @@
+"""The process that runs vLLM for ``backend=vllm``, in vLLM's own environment.
+
+``python -m mars_bench.serving.vllm_worker`` builds one ``vllm.LLM`` for one method (the baseline
+without speculation, or a method with it; the verifier, if any, is installed by the plugin from the
+environment this process was started with) and then answers requests, one JSON object per line on
+its standard input, with one JSON line each on the descriptor its parent passed (``--reply-fd``);
+everything vLLM prints goes to standard error.
+
+Messages: ``{"op": "load", ...LoadSpec}`` -> ``{"ok": true, "vllm": version, "load_s": s}``;
+``{"op": "generate", ...}`` -> per request its tokens, finish reason, engine timestamps and the
+plugin's trace of its steps, plus the spec-decode counters' change; ``{"op": "verifier", "verifier":
+{"name": ..., "settings": ...}}`` -> another rule judges the next steps (name null: vLLM's own);
+``{"op": "close"}``. A failure
+answers ``{"error": "one line"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")  # vllm:spec_decode_<name>
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's own spec-decode counters so far (totals, and accepted tokens per draft position)."""
+    found: dict[str, Any] = {name: 0 for name in COUNTERS}
+    found["per_position"] = []
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:spec_decode_")
+        if name in COUNTERS:
+            found[name] = int(metric.value)
+        elif name == "num_accepted_tokens_per_pos":
+            found["per_position"] = [int(value) for value in metric.values]
+    return found
+
+
+def counters_change(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    width = max(len(before["per_position"]), len(after["per_position"]))
+    pad = lambda values: values + [0] * (width - len(values))  # noqa: E731
+    change = {name: after[name] - before[name] for name in COUNTERS}
+    change["per_position"] = [b - a for a, b in zip(pad(before["per_position"]), pad(after["per_position"]))]
+    return change
+
+
+def read_trace(path: Path | None, start: int) -> tuple[list[dict[str, Any]], int]:
+    """The trace lines written since byte ``start``, and the new end."""
+    if path is None or not path.exists():
+        return [], start
+    with path.open() as lines:
+        lines.seek(start)
+        text = lines.read()
+        return [json.loads(line) for line in text.splitlines() if line], start + len(text.encode())
+
+
+def steps_by_request(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each request's steps (by vLLM's request id, without its engine suffix), in order."""
+    steps: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        for b, req_id in enumerate(line["req_ids"]):
+            steps.setdefault(req_id.rsplit("-", 1)[0], []).append(
+                {key: line[key][b] for key in ("drafted", "accepted", "relaxed", "next", "reasons")}
+            )
+    return steps
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.llm: Any = None
+        self.trace = Path(os.environ["MARS_BENCH_VLLM_TRACE"]) if os.environ.get("MARS_BENCH_VLLM_TRACE") else None
+        self.trace_end = 0
+        self.speculative = False
+
+    def load(self, message: dict[str, Any]) -> dict[str, Any]:
+        import vllm
+        from vllm import LLM
+
+        if os.environ.get("MARS_BENCH_VLLM_VERIFIER"):
+            import vllm.v1.sample.rejection_sampler as sampler_module
+
+            from mars_bench.serving.vllm_plugin import check_vllm
+
+            check_vllm(vllm.__version__, getattr(sampler_module.rejection_sample, "builtin", sampler_module.rejection_sample))
+        started = time.perf_counter()
+        self.speculative = message.get("speculative_config") is not None
+        self.llm = LLM(
+            model=message["model"],
+            dtype=message["dtype"],
+            max_model_len=message["max_model_len"],
+            enforce_eager=message.get("enforce_eager", True),
+            seed=message.get("seed", 0),
+            disable_log_stats=False,
+            speculative_config=message.get("speculative_config"),
+            max_num_seqs=message.get("max_num_seqs", 256),
+        )
+        return {"ok": True, "vllm": vllm.__version__, "load_s": time.perf_counter() - started}
+
+    def generate(self, message: dict[str, Any]) -> dict[str, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sampling = message["sampling"]
+        params = [
+            SamplingParams(
+                temperature=sampling["temperature"], top_p=sampling["top_p"], top_k=sampling["top_k"] or -1,
+                max_tokens=message["max_new_tokens"], stop_token_ids=message["stop_token_ids"], seed=seed,
+                ignore_eos=not message["stop_token_ids"], stop=message.get("stop") or None,
+                include_stop_str_in_output=True,
+            )
+            for seed in message["seeds"]
+        ]  # fmt: skip
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in message["prompts"]]
+        before = spec_counters(self.llm) if self.speculative else None
+        started = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - started
+        lines, self.trace_end = read_trace(self.trace, self.trace_end)
+        steps = steps_by_request(lines)
+        results = []
+        for output in outputs:
+            stats = output.metrics
+            results.append({
+                "tokens": list(output.outputs[0].token_ids),
+                "finish": output.outputs[0].finish_reason,
+                "scheduled": stats.scheduled_ts, "first_token": stats.first_token_ts,
+                "last_token": stats.last_token_ts, "queued": stats.queued_ts,
+                "steps": steps.get(output.request_id, []),
+            })  # fmt: skip
+        change = counters_change(before, spec_counters(self.llm)) if before is not None else None
+        return {"results": results, "wall_s": wall, "counters": change}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reply-fd", type=int, required=True)
+    args = parser.parse_args()
+    reply = os.fdopen(args.reply_fd, "w", buffering=1)
+    os.dup2(2, 1)  # vLLM's prints go to standard error; the reply descriptor carries only answers
+    worker = Worker()
+    for line in sys.stdin:
+        message = json.loads(line)
+        op = message.get("op")
+        if op == "close":
+            break
+        try:
+            if op == "verifier":
+                from mars_bench.serving.vllm_plugin import set_verifier
+
+                set_verifier(json.dumps(message["verifier"]))
+                answer = {"ok": True}
+            else:
+                answer = worker.load(message) if op == "load" else worker.generate(message)
+        except Exception as error:  # the parent shows it in one line
+            traceback.print_exc(file=sys.stderr)
+            answer = {"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
+        reply.write(json.dumps(answer) + "\n")
+    reply.close()
+
+
+if __name__ == "__main__":
+    main()

