@@ -522,12 +522,12 @@ def check_batch_settings(cfg: Any) -> None:
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line)."""
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
-    method_spec(cfg)
+    spec = method_spec(cfg)
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
     from mars_bench.backends import TransformersBackend, check_backend_config
 
-    check_backend_config(cfg)
+    check_backend_config(cfg, spec)
     if cfg.batch_size > 1 and cfg.backend == TransformersBackend.name:  # this package's batched engine
         from mars_bench.drafting.batched import check_batch_drafter
 

@@ -761,3 +761,29 @@ def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_load
                "weights")  # fmt: skip
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)
+
+
+VLLM_INSTALL = "python -m mars_bench.serving.install"  # the README's command for backend=vllm begins so
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_vllm_command_from_a_bare_clone(tmp_path, monkeypatch):
+    """The README's one command for ``backend=vllm`` as typed, in a clone with no ../shared (HumanEval from its
+    pinned package): the install (which completes an installed environment in seconds), then the run, on
+    the smallest model and prompt count; the method's greedy answer equals the baseline's, both from vLLM."""
+    from mars_bench.serving.install import TESTED_VLLM, installed_vllm, vllm_python
+    from mars_bench.tasks import providers
+
+    if installed_vllm(vllm_python()) != TESTED_VLLM:
+        pytest.skip(f"vLLM {TESTED_VLLM} is not installed (CI's vLLM lane installs it)")
+    install, main = shown(VLLM_INSTALL).split(" && ")
+    assert main.startswith("python -m mars_bench backend=vllm")
+    monkeypatch.setattr(providers, "data_dirs", lambda data_dir: [])  # a clone with no prompt files beside it
+    assert run(install, tmp_path, monkeypatch) == 0
+    small = ["model=smollm2-135m", "drafter=lookup", "verifier=exact", "temperature=0", "model.dtype=float32",
+             "task.num_prompts=1", "max_new_tokens=16", "progress=false", "output_dir=out"]  # fmt: skip
+    assert run(main, tmp_path, monkeypatch, small) == 0
+    rows = {row["method"]: row for row in read_rows(tmp_path / "out" / "records.jsonl")}
+    assert set(rows) == {"baseline", "exact"} and rows["exact"]["backend"] == "vllm"
+    assert rows["exact"]["output_ids"] == rows["baseline"]["output_ids"] and rows["exact"]["new_tokens"] == 16

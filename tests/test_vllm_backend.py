@@ -33,7 +33,12 @@ from mars_bench.verification.sampling import SamplingParams
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HAS_VLLM = installed_vllm(vllm_python()) == TESTED_VLLM
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason=f"vLLM {TESTED_VLLM} is not installed: python -m mars_bench.serving.install")
+
+
+def needs_vllm(test):
+    """A test that runs vLLM: in the vllm lane (``-m vllm``), slow, skipped where vLLM is not installed."""
+    missing = pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {TESTED_VLLM}: python -m mars_bench.serving.install")
+    return pytest.mark.vllm(pytest.mark.slow(missing(test)))
 
 
 # --- the translation, without vLLM ------------------------------------------------------------
@@ -212,7 +217,7 @@ def start(tmp_path_factory, label: str, speculative: dict | None, dump: bool = F
     worker = VllmWorker(vllm_python(), {"name": None} if speculative else None, folder, label, extra)
     worker.folder = folder
     worker.ask({"op": "load", "model": str(resolve_model(SMOLLM2).path), "dtype": "float32", "seed": 0,
-                "max_model_len": 1024, "max_num_seqs": 8, "speculative_config": speculative})  # fmt: skip
+                "max_model_len": 1024, "max_num_seqs": 64, "speculative_config": speculative})  # fmt: skip
     return worker
 
 
@@ -250,7 +255,6 @@ def dumped_steps(worker) -> list[dict]:
 
 
 @needs_vllm
-@pytest.mark.slow
 def test_exact_through_the_plugin_is_token_identical_to_vllm_ar_and_to_its_own_rule(ar_worker, spec_worker, prompts):
     ar = [r["tokens"] for r in generate(ar_worker, prompts)["results"]]
     judged_by(spec_worker, None)
@@ -268,7 +272,6 @@ def test_exact_through_the_plugin_is_token_identical_to_vllm_ar_and_to_its_own_r
 
 
 @needs_vllm
-@pytest.mark.slow
 def test_the_trace_of_our_verdicts_matches_vllms_own_counters(spec_worker, prompts):
     judged_by(spec_worker, "mars", theta=0.5)
     answer = generate(spec_worker, prompts)
@@ -290,7 +293,6 @@ def test_the_trace_of_our_verdicts_matches_vllms_own_counters(spec_worker, promp
 
 
 @needs_vllm
-@pytest.mark.slow
 def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_drafts(spec_worker, prompts):
     dumped_steps(spec_worker)
     judged_by(spec_worker, "mars", theta=0.5)
@@ -312,11 +314,10 @@ def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_
 
 
 @needs_vllm
-@pytest.mark.slow
 def test_rejection_at_t1_inside_vllm_samples_what_vllms_autoregressive_decoding_samples(ar_worker, spec_worker, prompts):
-    """400 seeded samples of one prompt's first 5 tokens, by vLLM's AR and by vLLM's speculation with our
+    """240 seeded samples of one prompt's first 4 tokens, by vLLM's AR and by vLLM's speculation with our
     ``rejection``: at every position the two token distributions pass a chi-square test of homogeneity."""
-    draws, length = 400, 5
+    draws, length = 240, 4
     seeds = list(range(1000, 1000 + draws))
     ar = [r["tokens"] for r in generate(ar_worker, [prompts[0]] * draws, 1.0, length, seeds)["results"]]
     judged_by(spec_worker, "rejection")

@@ -95,14 +95,14 @@ class Backend(ABC):
 
 
 BackendFactory = Callable[[Any], Backend]  # the cell's resolved config -> a backend
-BackendCheck = Callable[[Any], None]  # the resolved config -> ValueError (one line) for what the backend cannot run
+BackendCheck = Callable[[Any, MethodSpec], None]  # the resolved config and its method -> ValueError (one line) if refused
 _BACKENDS: dict[str, BackendFactory] = {}
 _CHECKS: dict[str, BackendCheck] = {}
 
 
 def register_backend(name: str, factory: BackendFactory, check: BackendCheck | None = None) -> None:
-    """Make ``backend=name`` build its backend with ``factory(cfg)``; ``check(cfg)`` refuses, before any
-    model loads, a config the backend cannot run."""
+    """Make ``backend=name`` build its backend with ``factory(cfg)``; ``check(cfg, spec)`` refuses, before any
+    model loads, a config (and its method) the backend cannot run."""
     _BACKENDS[name] = factory
     if check is not None:
         _CHECKS[name] = check
@@ -118,11 +118,12 @@ def check_backend(name: str) -> None:
         raise ValueError(f"backend={name!r} is unknown: allowed are {', '.join(available_backends())}")
 
 
-def check_backend_config(cfg: Any) -> None:
-    """The backend's name, then its own check of ``cfg`` (ValueError, one line), before any model loads."""
+def check_backend_config(cfg: Any, spec: MethodSpec) -> None:
+    """The backend's name, then its own check of ``cfg`` and its method ``spec`` (ValueError, one line), before
+    any model loads."""
     check_backend(cfg.backend)
     if cfg.backend in _CHECKS:
-        _CHECKS[cfg.backend](cfg)
+        _CHECKS[cfg.backend](cfg, spec)
 
 
 def make_backend(cfg: Any) -> Backend:

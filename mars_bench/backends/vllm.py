@@ -13,6 +13,7 @@ Drafters: ``model`` is vLLM's ``draft_model`` (the model's ``draft_model``), ``l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,17 +29,28 @@ from mars_bench.models.sources import resolve_model
 from mars_bench.serving.install import COMMAND, PYTHON_ENV, TESTED_VLLM, installed_vllm, vllm_python
 
 DRAFTERS = {"model": "draft_model", "lookup": "ngram", "eagle3": "eagle3"}  # ours -> vLLM's method
+MAPPED_SETTINGS = {"lookup": ("min_ngram", "max_ngram")}  # drafter settings vLLM takes (speculative_config)
 MAX_MODEL_LEN = 4096  # prompt and answer, in tokens: what vLLM sizes its KV cache for
 
 
-def check_vllm_config(cfg: Any) -> None:
-    """Refuse, in one line and before any model loads, what ``backend=vllm`` cannot run."""
+def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
+    """Refuse, in one line and before any model loads, what ``backend=vllm`` cannot run (``spec``: the cell's method)."""
+    from mars_bench.drafting import build_settings
+    from mars_bench.drafting.batched import cli_value
+
     drafter = cfg.drafter.name
     if drafter not in (*DRAFTERS, "none"):
         raise ValueError(f"drafter={drafter} does not run in vLLM: allowed with backend=vllm are {', '.join(DRAFTERS)}")
+    tuned = cfg.get("tuned")
+    source = f" (set by tuning={cfg.tuning}, measured for this package's engine; tuning=none drafts without it)" if tuned else ""
     if drafter != "none" and cfg.drafter.length != "fixed":
-        raise ValueError(f"drafter.length={cfg.drafter.length} does not run in vLLM, which drafts gamma tokens a step: "
-                         "allowed with backend=vllm is drafter.length=fixed")  # fmt: skip
+        raise ValueError(f"drafter.length={cfg.drafter.length}{source} does not run in vLLM, which drafts gamma tokens a "
+                         "step: allowed with backend=vllm is drafter.length=fixed")  # fmt: skip
+    settings, defaults = spec.drafter_settings, build_settings(drafter)
+    for key in (item.name for item in dataclasses.fields(settings) if item.name not in MAPPED_SETTINGS.get(drafter, ())):
+        if getattr(settings, key) != getattr(defaults, key):
+            raise ValueError(f"drafter.{key}={cli_value(getattr(settings, key))}{source} is not a setting of vLLM's drafter: "
+                             f"allowed with backend=vllm is drafter.{key}={cli_value(getattr(defaults, key))}")  # fmt: skip
     for key, value in (("fidelity", cfg.fidelity and "true"), ("shadow", list(cfg.shadow))):
         if value:
             raise ValueError(f"{key}={value} is not recorded by backend=vllm yet: allowed there is {key}=" +

