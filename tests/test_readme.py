@@ -763,7 +763,7 @@ def test_a_misspelt_lm_eval_setting_is_refused_in_one_line_before_any_model_load
         MarsBenchLM(target="no/such-model", drafter="model_tree", verifier="mars", topk=3)
 
 
-VLLM_INSTALL = "python -m mars_bench.serving.install"  # the README's command for backend=vllm begins so
+VLLM_INSTALL = "python -m mars_bench.serving.install"  # the README's command for backend=vllm begins so (and the vllm lane's)
 
 
 @pytest.mark.vllm
@@ -777,7 +777,7 @@ def test_the_vllm_command_from_a_bare_clone(tmp_path, monkeypatch):
 
     if installed_vllm(vllm_python()) != TESTED_VLLM:
         pytest.skip(f"vLLM {TESTED_VLLM} is not installed (CI's vLLM lane installs it)")
-    install, main = shown(VLLM_INSTALL).split(" && ")
+    install, main = shown(f"{VLLM_INSTALL} && python -m mars_bench ").split(" && ")
     assert main.startswith("python -m mars_bench backend=vllm")
     monkeypatch.setattr(providers, "data_dirs", lambda data_dir: [])  # a clone with no prompt files beside it
     assert run(install, tmp_path, monkeypatch) == 0
@@ -787,3 +787,8 @@ def test_the_vllm_command_from_a_bare_clone(tmp_path, monkeypatch):
     rows = {row["method"]: row for row in read_rows(tmp_path / "out" / "records.jsonl")}
     assert set(rows) == {"baseline", "exact"} and rows["exact"]["backend"] == "vllm"
     assert rows["exact"]["output_ids"] == rows["baseline"]["output_ids"] and rows["exact"]["new_tokens"] == 16
+
+
+def test_the_vllm_lane_ci_runs_is_the_one_docs_testing_shows():
+    lane = shown(f"{VLLM_INSTALL} && python -m pytest")
+    assert lane in (REPO / ".ci" / "run").read_text()

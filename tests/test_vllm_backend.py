@@ -346,3 +346,14 @@ def test_vllm_cpus_own_expansion_loses_floats_which_is_why_the_plugin_replaces_i
     result = subprocess.run([str(vllm_python()), "-c", probe], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert result.stdout.strip().splitlines()[-1] == "False", result.stderr[-2000:]
+
+
+def test_a_trace_that_does_not_add_up_to_vllms_counters_is_refused():
+    from mars_bench.backends.vllm import check_counters
+
+    steps = [{"drafted": 0, "accepted": 0}, {"drafted": 4, "accepted": 2}, {"drafted": 0, "accepted": 0}]
+    answer = {"results": [{"steps": steps}], "counters": {"num_drafts": 1, "num_draft_tokens": 4, "num_accepted_tokens": 2}}
+    check_counters(answer)
+    answer["counters"]["num_accepted_tokens"] = 3
+    with pytest.raises(RuntimeError, match=r"differs from vLLM's spec-decode counters"):
+        check_counters(answer)

@@ -147,6 +147,17 @@ def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...
                         decode_s=max(result["last_token"] - result["first_token"], 0.0), stop_reason=reason)  # fmt: skip
 
 
+def check_counters(answer: dict[str, Any]) -> None:
+    """RuntimeError unless the plugin's trace of a ``generate`` call (every request's steps after its prefill)
+    adds up to what vLLM's own spec-decode counters counted in it: steps that drafted, drafts, kept drafts."""
+    steps = [step for result in answer["results"] for step in result["steps"][1:]]
+    traced = {"num_drafts": sum(1 for step in steps if step["drafted"]), "num_draft_tokens": sum(s["drafted"] for s in steps),
+              "num_accepted_tokens": sum(step["accepted"] for step in steps)}  # fmt: skip
+    counted = {name: answer["counters"][name] for name in traced}
+    if traced != counted:
+        raise RuntimeError(f"the plugin's trace ({traced}) differs from vLLM's spec-decode counters ({counted})")
+
+
 class VllmBackend(Backend):
     """vLLM's offline engine on the cell's target, one worker per method (see the module)."""
 
@@ -207,6 +218,8 @@ class VllmBackend(Backend):
             "stop": stop_strings, "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p,
                                                "top_k": sampling.top_k},
         })  # fmt: skip
+        if answer["counters"] is not None:
+            check_counters(answer)
         return [decode_result(result, len(prompt), tuple(requests.stop_token_ids))
                 for result, prompt in zip(answer["results"], requests.prompts)]  # fmt: skip
 

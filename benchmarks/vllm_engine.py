@@ -1,0 +1,121 @@
+"""vLLM's engine against ours, and our verifier inside vLLM against vLLM's own rule, on the same prompts.
+
+    python benchmarks/vllm_engine.py [--num-prompts 8] [--max-new-tokens 64] [--concurrency 1 8] [--repeats 2] [--out DIR]
+
+The embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft model), bf16, greedy, HumanEval first turns.
+Per concurrency c (the requests vLLM serves at once: one ``generate`` call with every prompt and
+``max_num_seqs`` = c, so a finished request's slot goes to a waiting one):
+
+- ``vllm_ar``: vLLM without speculation;
+- ``vllm_builtin``: vLLM's draft-model speculation (gamma drafts a step) judged by vLLM's own rule;
+- ``vllm_plugin_exact``: the same speculation judged by our ``exact`` through the plugin;
+
+builtin and plugin alternate, ``--repeats`` times each, on one loaded engine (the rule is swapped between
+calls, nothing else changes). Then ``ours_ar``: this package's own autoregressive decoding of the same
+prompts, c at a time (``decode_batch``, no drafter), the engine the harness's baselines use. Each row's
+throughput is new tokens over the wall time of its calls; every spec row's tokens are checked against
+vLLM's AR. Run it on an idle machine; it prints the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mars_bench.backends.vllm import VllmWorker
+from mars_bench.decoding.batched import decode_batch
+from mars_bench.models.loading import load_model, stop_token_ids
+from mars_bench.models.sources import resolve_model
+from mars_bench.perf.suite import first_turn_prompts
+from mars_bench.serving.install import vllm_python
+
+TARGET, DRAFT = "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def worker(label: str, concurrency: int, gamma: int | None, folder: Path) -> VllmWorker:
+    speculative = None if gamma is None else {"method": "draft_model", "model": str(resolve_model(DRAFT).path),
+                                              "num_speculative_tokens": gamma}  # fmt: skip
+    started = VllmWorker(vllm_python(), None if gamma is None else {"name": None}, folder, label)
+    started.ask({"op": "load", "model": str(resolve_model(TARGET).path), "dtype": "bfloat16", "seed": 0,
+                 "max_model_len": 4096, "max_num_seqs": concurrency, "speculative_config": speculative})  # fmt: skip
+    return started
+
+
+def vllm_run(engine: VllmWorker, prompts: list[list[int]], max_new_tokens: int, stops: list[int]) -> dict[str, Any]:
+    answer = engine.ask({"op": "generate", "prompts": prompts, "seeds": [0] * len(prompts), "max_new_tokens": max_new_tokens,
+                         "stop_token_ids": stops, "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0}})  # fmt: skip
+    tokens = [result["tokens"] for result in answer["results"]]
+    steps = [step for result in answer["results"] for step in result["steps"][1:]]
+    return {"seconds": answer["wall_s"], "new_tokens": sum(map(len, tokens)), "tokens": tokens,
+            "tau": (sum(s["accepted"] + 1 for s in steps) / len(steps)) if steps else None}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--ours", action=argparse.BooleanOptionalAction, default=True, help="time our AR too")
+    parser.add_argument("--out", type=Path, default=Path("vllm_engine_out"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = load_model(TARGET, dtype="bfloat16")
+    stops = stop_token_ids(target)
+    prompts = first_turn_prompts(target.tokenizer, "humaneval", args.num_prompts)
+    rows: list[dict[str, Any]] = []
+    folder = Path(tempfile.mkdtemp(prefix="vllm_engine_"))
+
+    def add(name: str, concurrency: int, run: dict[str, Any], reference: list[list[int]] | None) -> None:
+        row = {"name": name, "concurrency": concurrency, "seconds": run["seconds"], "new_tokens": run["new_tokens"],
+               "tok_s": run["new_tokens"] / run["seconds"], "tau": run.get("tau"),
+               "same_tokens_as_vllm_ar": None if reference is None else run["tokens"] == reference}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for concurrency in args.concurrency:
+        ar = worker(f"ar{concurrency}", concurrency, None, folder)
+        vllm_run(ar, prompts[:1], 8, stops)  # warm-up
+        reference = vllm_run(ar, prompts, args.max_new_tokens, stops)
+        add("vllm_ar", concurrency, reference, None)
+        ar.close()
+        spec = worker(f"spec{concurrency}", concurrency, args.gamma, folder)
+        vllm_run(spec, prompts[:1], 8, stops)
+        for _ in range(args.repeats):
+            for name, rule in (("vllm_builtin", None), ("vllm_plugin_exact", "exact")):
+                spec.ask({"op": "verifier", "verifier": {"name": rule, "settings": {}}})
+                add(name, concurrency, vllm_run(spec, prompts, args.max_new_tokens, stops), reference["tokens"])
+        spec.close()
+        if args.ours:
+            decode_batch(target.model, None, None, [prompts[0]], seeds=[0], max_new_tokens=8, stop_token_ids=stops)
+            started, tokens = time.perf_counter(), []
+            for start in range(0, len(prompts), concurrency):
+                chunk = prompts[start : start + concurrency]
+                results = decode_batch(target.model, None, None, chunk, seeds=[0] * len(chunk),
+                                       max_new_tokens=args.max_new_tokens, stop_token_ids=stops)  # fmt: skip
+                tokens += [result.tokens for result in results]
+            ours = {"seconds": time.perf_counter() - started, "new_tokens": sum(map(len, tokens)), "tokens": tokens}
+            add("ours_ar", concurrency, ours, reference["tokens"])
+    report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
+              "prompts": len(prompts), "rows": rows}  # fmt: skip
+    (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"cpu: {report['cpu']}; written {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
