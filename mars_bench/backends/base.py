@@ -93,6 +93,11 @@ class Backend(ABC):
     def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
         """Decode ``requests`` together with ``method``: one result per prompt, in order."""
 
+    def close(self) -> None:
+        """Let go of what the backend started (processes, engines) once its cell is done; models a
+        process-wide cache keeps for the next cell stay."""
+        return None  # the transformers backend starts nothing
+
 
 BackendFactory = Callable[[Any], Backend]  # the cell's resolved config -> a backend
 BackendCheck = Callable[[Any, MethodSpec], None]  # the resolved config and its method -> ValueError (one line) if refused

@@ -223,6 +223,8 @@ class VllmBackend(Backend):
                 for result, prompt in zip(answer["results"], requests.prompts)]  # fmt: skip
 
     def close(self) -> None:
+        """Stop every worker (each holds an engine with its model and KV cache)."""
         for worker in self.workers:
             worker.close()
+        self.workers.clear()
 

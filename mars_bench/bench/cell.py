@@ -181,6 +181,10 @@ def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, 
         claim.wait()
     try:
         write_config(folder, cfg)  # first: a run stopped even while its models load is its configuration's to resume
-        return Cell(cfg, folder, name or folder.name, on_write=claim.beat).run(progress=cfg.progress)
+        cell = Cell(cfg, folder, name or folder.name, on_write=claim.beat)
+        try:
+            return cell.run(progress=cfg.progress)
+        finally:
+            cell.backend.close()
     finally:
         claim.release()
