@@ -316,7 +316,8 @@ def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_
 @needs_vllm
 def test_rejection_at_t1_inside_vllm_samples_what_vllms_autoregressive_decoding_samples(ar_worker, spec_worker, prompts):
     """240 seeded samples of one prompt's first 4 tokens, by vLLM's AR and by vLLM's speculation with our
-    ``rejection``: at every position the two token distributions pass a chi-square test of homogeneity."""
+    ``rejection``: at every position the two token distributions pass a chi-square test of homogeneity.
+    The negative control: the same speculation at temperature 0.7 fails it at some position."""
     draws, length = 240, 4
     seeds = list(range(1000, 1000 + draws))
     ar = [r["tokens"] for r in generate(ar_worker, [prompts[0]] * draws, 1.0, length, seeds)["results"]]
@@ -324,16 +325,22 @@ def test_rejection_at_t1_inside_vllm_samples_what_vllms_autoregressive_decoding_
     answer = generate(spec_worker, [prompts[0]] * draws, 1.0, length, seeds)
     ours = [r["tokens"] for r in answer["results"]]
     assert sum(step["drafted"] for r in answer["results"] for step in r["steps"]) > draws  # speculation judged them
-    for position in range(1, length):
-        tokens = sorted({t[position] for t in ar + ours})
-        table = [[sum(t[position] == token for t in side) for token in tokens] for side in (ar, ours)]
-        common = [i for i in range(len(tokens)) if table[0][i] + table[1][i] >= 10]
-        rare = [i for i in range(len(tokens)) if i not in common]
-        pooled = [[row[i] for i in common] + [sum(row[i] for i in rare)] for row in table]
-        pooled = [[row[i] for i in range(len(pooled[0])) if pooled[0][i] + pooled[1][i] > 0] for row in pooled]
-        if len(pooled[0]) > 1:
-            assert chi2_contingency(pooled).pvalue > 1e-3, (position, pooled)
+    assert min(homogeneity(ar, ours, position) for position in range(1, length)) > 1e-3
+    cooler = [r["tokens"] for r in generate(spec_worker, [prompts[0]] * draws, 0.7, length, seeds)["results"]]
+    assert min(homogeneity(ar, cooler, position) for position in range(1, length)) < 1e-3
     dumped_steps(spec_worker)
+
+
+def homogeneity(one: list[list[int]], other: list[list[int]], position: int) -> float:
+    """The chi-square p-value that two samples' tokens at ``position`` come from one distribution (tokens
+    seen fewer than 10 times in both pooled into one cell); 1 where only one cell remains."""
+    tokens = sorted({t[position] for t in one + other})
+    table = [[sum(t[position] == token for t in side) for token in tokens] for side in (one, other)]
+    common = [i for i in range(len(tokens)) if table[0][i] + table[1][i] >= 10]
+    rare = [i for i in range(len(tokens)) if i not in common]
+    pooled = [[row[i] for i in common] + [sum(row[i] for i in rare)] for row in table]
+    pooled = [[row[i] for i in range(len(pooled[0])) if pooled[0][i] + pooled[1][i] > 0] for row in pooled]
+    return float(chi2_contingency(pooled).pvalue) if len(pooled[0]) > 1 else 1.0
 
 
 @needs_vllm
