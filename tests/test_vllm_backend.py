@@ -158,6 +158,8 @@ def fake_python(tmp_path: Path, version: str) -> Path:
         (["drafter=model_tree"], "^drafter=model_tree does not run in vLLM"),
         (["drafter=lookup", "drafter.length=schedule"], "^drafter.length=schedule does not run in vLLM, which drafts gamma "),
         (["drafter=lookup", "fidelity=true"], "^fidelity=true is not recorded by backend=vllm yet"),
+        (["drafter=model", "model=qwen2.5-coder-1.5b", "tuning=none", "drafter.weights=int8"],
+         "^drafter.weights=int8 is not a setting of vLLM.s drafter: allowed with backend=vllm is drafter.weights=null$"),
         (["drafter=lookup", "verifier.theta=2"], "^theta=2.0 is invalid"),
     ],
 )
@@ -235,10 +237,11 @@ def spec_worker(tmp_path_factory):
     worker.close()
 
 
-def generate(worker, prompts, temperature: float = 0.0, max_new_tokens: int = 48, seeds=None) -> dict:
+def generate(worker, prompts, temperature: float = 0.0, max_new_tokens: int = 48, seeds=None, shadows=()) -> dict:
     seeds = seeds or [0] * len(prompts)
     return worker.ask({"op": "generate", "prompts": prompts, "seeds": seeds, "max_new_tokens": max_new_tokens,
-                       "stop_token_ids": [], "sampling": {"temperature": temperature, "top_p": 1.0, "top_k": 0}})  # fmt: skip
+                       "stop_token_ids": [], "sampling": {"temperature": temperature, "top_p": 1.0, "top_k": 0},
+                       "shadows": [{"name": name, "settings": settings} for name, settings in shadows]})  # fmt: skip
 
 
 def judged_by(worker, name: str | None, **settings) -> None:
@@ -296,7 +299,11 @@ def test_the_trace_of_our_verdicts_matches_vllms_own_counters(spec_worker, promp
 def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_drafts(spec_worker, prompts):
     dumped_steps(spec_worker)
     judged_by(spec_worker, "mars", theta=0.5)
-    answer = generate(spec_worker, prompts)
+    answer = generate(spec_worker, prompts, shadows=[("mars", {"theta": 0.5}), ("exact", {})])
+    steps = [step for result in answer["results"] for step in result["steps"][1:]]
+    # Shadows judge the same drafts: the live rule as a shadow keeps what it kept, the strict rule never more.
+    assert all(step["shadow_accepted"][0] == step["accepted"] >= step["shadow_accepted"][1] for step in steps)
+    assert any(step["shadow_accepted"][1] < step["accepted"] for step in steps)
     mars = get_verifier("mars", theta=0.5)
     relaxed = sum(step["relaxed"] for result in answer["results"] for step in result["steps"])
     steps = dumped_steps(spec_worker)

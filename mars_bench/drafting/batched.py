@@ -200,7 +200,9 @@ class BatchedModelDrafts(BatchDrafts):
 
 
 def cli_value(value: object) -> str:
-    """A setting's value as a command line writes it (true/false for booleans)."""
+    """A setting's value as a command line writes it (true/false for booleans, null for None)."""
+    if value is None:
+        return "null"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

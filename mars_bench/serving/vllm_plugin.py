@@ -79,6 +79,13 @@ def set_verifier(value: str) -> None:
     JUDGES[-1].verifier = verifier_from_env(value)
 
 
+def set_shadows(shadows: str) -> None:
+    """The verifiers (a JSON list of name and settings) that judge this process's next steps beside the live one."""
+    if not JUDGES:
+        raise RuntimeError(f"no judge is installed in this process: start it with {VERIFIER_ENV} set")
+    JUDGES[-1].shadows = [verifier_from_env(json.dumps(spec)) for spec in json.loads(shadows)]
+
+
 def vllm_step(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: list[int],
@@ -132,6 +139,7 @@ class StepJudge:
     trace: Path | None = None
     dump: Path | None = None
     req_ids: list[str] = field(default_factory=list)  # the running batch's request ids, set before each step
+    shadows: list[Verifier] = field(default_factory=list)  # judge each step's drafts beside the live rule, untimed aside
     steps: int = 0
 
     def __call__(
@@ -154,34 +162,42 @@ class StepJudge:
             raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling per batch")
         args = (draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                 bonus_token_ids, sampling_metadata)  # fmt: skip
-        if self.verifier is None:  # vLLM's own rule, traced from its output
-            out = self.builtin(*args, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel)
-            self.record_builtin(out, num_draft_tokens)
-            self.steps += 1
-            return out
         greedy = bool(sampling_metadata.all_greedy)
-        step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs, greedy)
-        streams = [sampling_metadata.generators.get(b) for b in range(len(num_draft_tokens))]
-        verdicts = self.verifier.verify_batch(step, generator=streams)
-        out = output_rows(verdicts, step, max_spec_len)
-        if self.dump is not None:
-            self.save(step, out, *args)
-        self.write({
-            "drafted": list(num_draft_tokens),
-            "accepted": [verdict.accepted_len for verdict in verdicts],
-            "relaxed": [verdict.decisions.relaxed_count for verdict in verdicts],
-            "next": [verdict.next_token for verdict in verdicts],
-            "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts],
-        })  # fmt: skip
+        if self.verifier is None and not self.shadows:  # vLLM's own rule alone, traced from its output
+            step = None
+        else:
+            step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs, greedy)
+        shadows = self.shadow_accepted(step, len(num_draft_tokens))
+        if self.verifier is None:
+            out = self.builtin(*args, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel)
+            rows = out.tolist()
+            kept = [sum(token != PLACEHOLDER for token in row) - 1 for row in rows]
+            line = {"accepted": kept, "relaxed": [0] * len(rows), "next": [row[count] for row, count in zip(rows, kept)],
+                    "reasons": [[] for _ in rows]}  # fmt: skip
+        else:
+            streams = [sampling_metadata.generators.get(b) for b in range(len(num_draft_tokens))]
+            verdicts = self.verifier.verify_batch(step, generator=streams)
+            out = output_rows(verdicts, step, max_spec_len)
+            if self.dump is not None:
+                self.save(step, out, *args)
+            line = {"accepted": [verdict.accepted_len for verdict in verdicts],
+                    "relaxed": [verdict.decisions.relaxed_count for verdict in verdicts],
+                    "next": [verdict.next_token for verdict in verdicts],
+                    "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts]}  # fmt: skip
+        self.write({"drafted": list(num_draft_tokens), **line, "shadow_accepted": shadows})
         self.steps += 1
         return out
 
-    def record_builtin(self, out: torch.Tensor, num_draft_tokens: list[int]) -> None:
-        """The trace of a step vLLM's own rule judged: its kept drafts and next token, read from its output."""
-        rows = out.tolist()
-        kept = [sum(token != PLACEHOLDER for token in row) - 1 for row in rows]
-        self.write({"drafted": list(num_draft_tokens), "accepted": kept, "relaxed": [0] * len(rows),
-                    "next": [row[count] for row, count in zip(rows, kept)], "reasons": [[] for _ in rows]})  # fmt: skip
+    def shadow_accepted(self, step: VerifyInput | None, count: int) -> list[list[int]]:
+        """Per request (``count``), the drafts each shadow keeps of this step (in ``shadows``' order). Their
+        random draws come from a stream of their own, seeded by the step's number, never from vLLM's generators."""
+        if step is None or not self.shadows:
+            return [[] for _ in range(count)]
+        kept = []
+        for offset, shadow in enumerate(self.shadows):
+            stream = torch.Generator(device=step.target_logits.device).manual_seed(self.steps * 1_000 + offset)
+            kept.append([verdict.accepted_len for verdict in shadow.verify_batch(step, generator=stream)])
+        return [list(per_request) for per_request in zip(*kept)]
 
     def write(self, line: dict[str, Any]) -> None:
         """One JSON line: per request of the step (its id first), what the step did."""

@@ -65,7 +65,7 @@ def steps_by_request(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     for line in lines:
         for b, req_id in enumerate(line["req_ids"]):
             steps.setdefault(req_id.rsplit("-", 1)[0], []).append(
-                {key: line[key][b] for key in ("drafted", "accepted", "relaxed", "next", "reasons")}
+                {key: line[key][b] for key in ("drafted", "accepted", "relaxed", "next", "reasons", "shadow_accepted")}
             )
     return steps
 
@@ -120,6 +120,10 @@ class Worker:
             for seed in message["seeds"]
         ]  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in message["prompts"]]
+        if self.speculative and os.environ.get("MARS_BENCH_VLLM_VERIFIER"):
+            from mars_bench.serving.vllm_plugin import set_shadows
+
+            set_shadows(json.dumps(message.get("shadows", [])))
         before = spec_counters(self.llm) if self.speculative else None
         started = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
