@@ -107,3 +107,28 @@ def test_the_summary_and_the_analysis_know_the_backend_only_by_the_records_field
     first, second = summarise(recorded, include_disturbed=True), summarise(replayed, include_disturbed=True)
     columns = [column for column in first.columns if column not in ("backend", "disturbed")]  # contention: measured anew
     pd.testing.assert_frame_equal(first[columns], second[columns])
+
+
+class QueueReplayBackend(ReplayBackend):
+    """The replay backend as one that serves a queue (as vLLM does): it records each call's request count."""
+
+    name: ClassVar[str] = "queue_replay"
+    serves_a_queue: ClassVar[bool] = True
+
+    def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
+        CALLS.append((method.label, len(requests.prompts)))
+        return super().generate(method, requests)
+
+
+CALLS: list[tuple[str, int]] = []
+
+
+def test_a_backend_that_serves_a_queue_gets_every_question_of_a_turn_in_one_call(recorded_and_replayed, tmp_path):
+    """batch_size=2 over 3 questions: a batch backend gets chunks of 2 and 1; a queue-serving one all 3 at once
+    (it keeps batch_size in flight itself), turn by turn, with the same rows."""
+    recorded, _ = recorded_and_replayed
+    register_backend(QueueReplayBackend.name, QueueReplayBackend)
+    CALLS.clear()
+    rows = run_cell(run_config(*CELL, "backend=queue_replay", "batch_size=2"), tmp_path / "queue", name="cell")
+    assert {count for _, count in CALLS} == {3} and len(CALLS) == 4  # 2 turns x 2 methods, the 3 questions each
+    assert len(rows) == len(recorded)

@@ -136,7 +136,8 @@ def test_a_request_result_becomes_a_decode_result_without_its_prefill_step():
               "last_token": 3.5, "queued": 0.9, "steps": steps}  # fmt: skip
     decoded = decode_result(result, prompt_len=4, stops=(2,))
     assert [(s.drafted, s.accepted, s.emitted) for s in decoded.steps] == [(3, 2, 3), (3, 3, 2)]  # the budget cut the last
-    assert (decoded.prefill_s, decoded.decode_s, decoded.stop_reason) == (0.5, 2.0, "max_new_tokens")
+    # prefill: from the request's arrival (0.9, the call) to its first token, its wait for a slot included
+    assert (decoded.prefill_s, decoded.decode_s, decoded.stop_reason) == (pytest.approx(0.6), 2.0, "max_new_tokens")
     assert decoded.tau == 2.5
 
 

@@ -60,6 +60,10 @@ class Backend(ABC):
     """What runs methods: built once per cell from its config, then asked for batches of requests."""
 
     name: ClassVar[str]
+    # False: ``generate`` decodes its requests as one batch (the cell gives it batch_size at a time). True: it
+    # serves them as a queue, batch_size in flight, a finished request's slot going to a waiting one (the cell
+    # gives it every question of a turn at once).
+    serves_a_queue: ClassVar[bool] = False
 
     @property
     @abstractmethod

@@ -132,8 +132,10 @@ def by_name(verifier: Any) -> dict[str, Any]:
 
 
 def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...]) -> DecodeResult:
-    """A ``DecodeResult`` from one request's worker answer: its tokens, the engine's timestamps (prefill:
-    scheduled to first token; decode: first to last token) and its steps after the prefill's."""
+    """A ``DecodeResult`` from one request's worker answer: its tokens, the engine's timestamps and its steps
+    after the prefill's. prefill: from the request's arrival (the ``generate`` call) to its first token, its
+    wait for a free slot included; decode: first to last token. So prefill + decode is when the request
+    finished after the call began, as the batched engine's rows count it."""
     steps = [
         StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
                    emitted=step["accepted"] + 1, reasons=step["reasons"], shadow_accepted=step.get("shadow_accepted", []))
@@ -148,7 +150,7 @@ def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...
         reason = "max_new_tokens"
     else:
         reason = "stop_token" if tokens and tokens[-1] in stops else "stop_string"
-    return DecodeResult(prompt_len, tokens, steps, prefill_s=max(result["first_token"] - result["scheduled"], 0.0),
+    return DecodeResult(prompt_len, tokens, steps, prefill_s=max(result["first_token"] - result["queued"], 0.0),
                         decode_s=max(result["last_token"] - result["first_token"], 0.0), stop_reason=reason)  # fmt: skip
 
 
@@ -167,6 +169,7 @@ class VllmBackend(Backend):
     """vLLM's offline engine on the cell's target, one worker per method (see the module)."""
 
     name: ClassVar[str] = "vllm"
+    serves_a_queue: ClassVar[bool] = True
 
     def __init__(self, cfg: Any) -> None:
         from transformers import AutoTokenizer
