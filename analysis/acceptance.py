@@ -56,10 +56,12 @@ def positions(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per verified position: its margin z2 / z1 and its outcome, per setting (``KEYS``)."""
     out = []
     for key, rows in method_rows(frame).groupby(KEYS, sort=True):
-        margins = [m for row in rows["margins"] for m in row]
-        reasons = [r for row in rows["reasons"] for r in row]
+        # Rows whose margins were not recorded (backend=vllm before it traced them) have none to pair with.
+        paired = rows[[len(m) == len(r) for m, r in zip(rows["margins"], rows["reasons"])]]
+        margins = [m for row in paired["margins"] for m in row]
+        reasons = [r for row in paired["reasons"] for r in row]
         out.append(pd.DataFrame({**dict(zip(KEYS, key)), "margin": margins, "reason": reasons}))
-    table = pd.concat(out, ignore_index=True)
+    table = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
     if table.empty:
         raise NotEnoughData("no verified positions in the method rows")
     table["margin"] = pd.to_numeric(table["margin"])  # None (z1 not finite) becomes NaN

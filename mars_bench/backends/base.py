@@ -62,7 +62,7 @@ class Backend(ABC):
     name: ClassVar[str]
     # False: ``generate`` decodes its requests as one batch (the cell gives it batch_size at a time). True: it
     # serves them as a queue, batch_size in flight, a finished request's slot going to a waiting one (the cell
-    # gives it every question of a turn at once).
+    # gives it every question of a turn at once when batch_size > 1; at 1, one at a time, each its own batch).
     serves_a_queue: ClassVar[bool] = False
 
     @property

@@ -138,7 +138,8 @@ def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...
     finished after the call began, as the batched engine's rows count it."""
     steps = [
         StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
-                   emitted=step["accepted"] + 1, reasons=step["reasons"], shadow_accepted=step.get("shadow_accepted", []))
+                   emitted=step["accepted"] + 1, reasons=step["reasons"], margins=step.get("margins", []),
+                   shadow_accepted=step.get("shadow_accepted", []))
         for step in result["steps"][1:]
     ]  # fmt: skip
     tokens = result["tokens"]

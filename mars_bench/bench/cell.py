@@ -115,7 +115,8 @@ class Cell:
             if len(kept) < len(planned) and not self.cfg.accuracy_only:
                 self.warm_up()
             self.on_tokens = bar.tick if progress and self.cfg.batch_size == 1 else None
-            run_schedule(self, len(self.questions) if self.backend.serves_a_queue else self.cfg.batch_size, bar)
+            queue = self.backend.serves_a_queue and self.cfg.batch_size > 1  # at B = 1 a queue is one prompt at a time
+            run_schedule(self, len(self.questions) if queue else self.cfg.batch_size, bar)
         return list(self.writer.rows.values())
 
     def decode_turns(self, number: int, turn: int, batch: list[Conversation], method: PreparedMethod) -> list[Record]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,7 +174,7 @@ class StepJudge:
             rows = out.tolist()
             kept = [sum(token != PLACEHOLDER for token in row) - 1 for row in rows]
             line = {"accepted": kept, "relaxed": [0] * len(rows), "next": [row[count] for row, count in zip(rows, kept)],
-                    "reasons": [[] for _ in rows]}  # fmt: skip
+                    "reasons": [[] for _ in rows], "margins": [[] for _ in rows]}  # fmt: skip
         else:
             streams = [sampling_metadata.generators.get(b) for b in range(len(num_draft_tokens))]
             verdicts = self.verifier.verify_batch(step, generator=streams)
@@ -183,7 +184,9 @@ class StepJudge:
             line = {"accepted": [verdict.accepted_len for verdict in verdicts],
                     "relaxed": [verdict.decisions.relaxed_count for verdict in verdicts],
                     "next": [verdict.next_token for verdict in verdicts],
-                    "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts]}  # fmt: skip
+                    "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts],
+                    "margins": [[m if math.isfinite(m) else None for m in verdict.decisions.margin.tolist()]
+                                for verdict in verdicts]}  # fmt: skip
         self.write({"drafted": list(num_draft_tokens), **line, "shadow_accepted": shadows})
         self.steps += 1
         return out

@@ -65,7 +65,7 @@ def steps_by_request(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     for line in lines:
         for b, req_id in enumerate(line["req_ids"]):
             steps.setdefault(req_id.rsplit("-", 1)[0], []).append(
-                {key: line[key][b] for key in ("drafted", "accepted", "relaxed", "next", "reasons", "shadow_accepted")}
+                {key: line[key][b] for key in ("drafted", "accepted", "relaxed", "next", "reasons", "margins", "shadow_accepted")}
             )
     return steps
 
