@@ -67,24 +67,26 @@ def check_vllm(version: str, acceptance: Any) -> None:
 JUDGES: list[StepJudge] = []  # the judge ``register`` installed in this process (``set_verifier`` swaps its rule)
 
 
-def verifier_from_env(value: str) -> Verifier | None:
-    """The verifier ``MARS_BENCH_VLLM_VERIFIER`` names (JSON: name and settings; name null: vLLM's own rule)."""
-    spec = json.loads(value)
+def verifier_from_spec(spec: dict[str, Any]) -> Verifier | None:
+    """The verifier ``{"name": ..., "settings": {...}}`` names (name None: vLLM's own rule)."""
     return None if spec["name"] is None else get_verifier(spec["name"], **spec.get("settings", {}))
 
 
-def set_verifier(value: str) -> None:
-    """Let another verifier (the same JSON; name null: vLLM's own rule) judge this process's next steps."""
+def installed_judge() -> StepJudge:
+    """The judge ``register`` installed in this process."""
     if not JUDGES:
         raise RuntimeError(f"no judge is installed in this process: start it with {VERIFIER_ENV} set")
-    JUDGES[-1].verifier = verifier_from_env(value)
+    return JUDGES[-1]
 
 
-def set_shadows(shadows: str) -> None:
-    """The verifiers (a JSON list of name and settings) that judge this process's next steps beside the live one."""
-    if not JUDGES:
-        raise RuntimeError(f"no judge is installed in this process: start it with {VERIFIER_ENV} set")
-    JUDGES[-1].shadows = [verifier_from_env(json.dumps(spec)) for spec in json.loads(shadows)]
+def set_verifier(spec: dict[str, Any]) -> None:
+    """Let the verifier ``spec`` names (``verifier_from_spec``) judge this process's next steps."""
+    installed_judge().verifier = verifier_from_spec(spec)
+
+
+def set_shadows(specs: list[dict[str, Any]]) -> None:
+    """The verifiers ``specs`` name that judge this process's next steps beside the live one."""
+    installed_judge().shadows = [verifier_from_spec(spec) for spec in specs]
 
 
 def vllm_step(
@@ -249,7 +251,8 @@ def register() -> None:
         return
     check_vllm(vllm.__version__, builtin)
     trace, dump = os.environ.get(TRACE_ENV), os.environ.get(DUMP_ENV)
-    judge = StepJudge(verifier_from_env(value), builtin, Path(trace) if trace else None, Path(dump) if dump else None)
+    verifier = verifier_from_spec(json.loads(value))  # {"name": ..., "settings": {...}}
+    judge = StepJudge(verifier, builtin, Path(trace) if trace else None, Path(dump) if dump else None)
     JUDGES.append(judge)
     sample = GPUModelRunner._sample
 

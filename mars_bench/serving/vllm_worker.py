@@ -123,7 +123,7 @@ class Worker:
         if self.speculative and os.environ.get("MARS_BENCH_VLLM_VERIFIER"):
             from mars_bench.serving.vllm_plugin import set_shadows
 
-            set_shadows(json.dumps(message.get("shadows", [])))
+            set_shadows(message.get("shadows", []))
         before = spec_counters(self.llm) if self.speculative else None
         started = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -160,7 +160,7 @@ def main() -> None:
             if op == "verifier":
                 from mars_bench.serving.vllm_plugin import set_verifier
 
-                set_verifier(json.dumps(message["verifier"]))
+                set_verifier(message["verifier"])
                 answer = {"ok": True}
             else:
                 answer = worker.load(message) if op == "load" else worker.generate(message)
