@@ -24,11 +24,13 @@ from mars_bench.bench.records import (
     legacy_setting_fields,
     read_rows,
 )
+from mars_bench.common.kernels import EARLIER_KERNELS
 from mars_bench.common.settings import setting_string
 
 OPTIONAL = {"temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
             "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
-            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1, "backend": EARLIER_BACKEND}  # fmt: skip
+            "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1, "backend": EARLIER_BACKEND,
+            "kernels": EARLIER_KERNELS}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted", "step_drafted",
                 "step_draft_s", "step_target_s")

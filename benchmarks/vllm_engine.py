@@ -1,6 +1,7 @@
 """vLLM's engine against ours, and our verifier inside vLLM against vLLM's own rule, on the same prompts.
 
-    python benchmarks/vllm_engine.py [--num-prompts 8] [--max-new-tokens 64] [--concurrency 1 8] [--repeats 2] [--out DIR]
+    python benchmarks/vllm_engine.py [--num-prompts 8] [--max-new-tokens 64] [--concurrency 1 8] [--repeats 2]
+        [--ours-kernels auto stock] [--no-spec] [--generate] [--out DIR]
 
 The embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft model), bf16, greedy, HumanEval first turns.
 Per concurrency c (the requests vLLM serves at once: one ``generate`` call with every prompt and
@@ -11,8 +12,10 @@ Per concurrency c (the requests vLLM serves at once: one ``generate`` call with 
 - ``vllm_plugin_exact``: the same speculation judged by our ``exact`` through the plugin;
 
 builtin and plugin alternate, ``--repeats`` times each, on one loaded engine (the rule is swapped between
-calls, nothing else changes). Then ``ours_ar``: this package's own autoregressive decoding of the same
-prompts, c at a time (``decode_batch``, no drafter), the engine the harness's baselines use. Each row's
+calls, nothing else changes; ``--no-spec`` leaves them out). Then ``ours_ar_<kernels>``: this package's own
+autoregressive decoding of the same prompts, c at a time (``decode_batch``, no drafter), the engine the
+harness's baselines use, once per ``--ours-kernels`` value (``model.kernels``, each its own load of the
+target); with ``--generate``, at c = 1, transformers' ``generate`` on a stock load. Each row's
 throughput is new tokens over the wall time of its calls; every spec row's tokens are checked against
 vLLM's AR. Run it on an idle machine; it prints the CPU it ran on.
 """
@@ -30,9 +33,11 @@ from typing import Any
 import torch
 
 from mars_bench.backends.vllm import VllmWorker
+from mars_bench.common.kernels import KERNELS
 from mars_bench.decoding.batched import decode_batch
 from mars_bench.models.loading import load_model, stop_token_ids
 from mars_bench.models.sources import resolve_model
+from mars_bench.perf.peer import load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.suite import first_turn_prompts
 from mars_bench.serving.install import vllm_python
 
@@ -64,6 +69,16 @@ def vllm_run(engine: VllmWorker, prompts: list[list[int]], max_new_tokens: int, 
             "tau": (sum(s["accepted"] + 1 for s in steps) / len(steps)) if steps else None}  # fmt: skip
 
 
+def generate_run(target: Any, prompts: list[list[int]], max_new_tokens: int, stops: list[int]) -> dict[str, Any]:
+    """transformers' ``generate``, greedy, one prompt at a time, on the target loaded as its users load it."""
+    stock = load_peer(target.resolved.path, "bfloat16")
+    config = peer_generation_config(max_new_tokens, 0.0, stops, stops[0])
+    peer_generate(stock, prompts[0], peer_generation_config(8, 0.0, stops, stops[0]))  # warm-up
+    started = time.perf_counter()
+    tokens = [peer_generate(stock, prompt, config) for prompt in prompts]
+    return {"seconds": time.perf_counter() - started, "new_tokens": sum(map(len, tokens)), "tokens": tokens}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -72,12 +87,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--ours", action=argparse.BooleanOptionalAction, default=True, help="time our AR too")
+    parser.add_argument("--ours-kernels", nargs="+", default=["auto"], choices=KERNELS,
+                        help="our AR once per model.kernels value (each on its own load of the target)")
+    parser.add_argument("--spec", action=argparse.BooleanOptionalAction, default=True,
+                        help="time vLLM's speculation (its rule and our exact through the plugin)")
+    parser.add_argument("--generate", action=argparse.BooleanOptionalAction, default=False,
+                        help="time transformers' generate too (at concurrency 1, a stock load of the target)")
     parser.add_argument("--out", type=Path, default=Path("vllm_engine_out"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    target = load_model(TARGET, dtype="bfloat16")
-    stops = stop_token_ids(target)
-    prompts = first_turn_prompts(target.tokenizer, "humaneval", args.num_prompts)
+    kernel_runs = args.ours_kernels if args.ours else []
+    targets = {kernels: load_model(TARGET, dtype="bfloat16", kernels=kernels) for kernels in kernel_runs}
+    first = next(iter(targets.values())) if targets else load_model(TARGET, dtype="bfloat16", kernels="stock")
+    stops = stop_token_ids(first)
+    prompts = first_turn_prompts(first.tokenizer, "humaneval", args.num_prompts)
     rows: list[dict[str, Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="vllm_engine_"))
 
@@ -94,14 +117,15 @@ def main(argv: list[str] | None = None) -> None:
         reference = vllm_run(ar, prompts, args.max_new_tokens, stops)
         add("vllm_ar", concurrency, reference, None)
         ar.close()
-        spec = worker(f"spec{concurrency}", concurrency, args.gamma, folder)
-        vllm_run(spec, prompts[:1], 8, stops)
-        for _ in range(args.repeats):
-            for name, rule in (("vllm_builtin", None), ("vllm_plugin_exact", "exact")):
-                spec.ask({"op": "verifier", "verifier": {"name": rule, "settings": {}}})
-                add(name, concurrency, vllm_run(spec, prompts, args.max_new_tokens, stops), reference["tokens"])
-        spec.close()
-        if args.ours:
+        if args.spec:
+            spec = worker(f"spec{concurrency}", concurrency, args.gamma, folder)
+            vllm_run(spec, prompts[:1], 8, stops)
+            for _ in range(args.repeats):
+                for name, rule in (("vllm_builtin", None), ("vllm_plugin_exact", "exact")):
+                    spec.ask({"op": "verifier", "verifier": {"name": rule, "settings": {}}})
+                    add(name, concurrency, vllm_run(spec, prompts, args.max_new_tokens, stops), reference["tokens"])
+            spec.close()
+        for kernels, target in targets.items():
             decode_batch(target.model, None, None, [prompts[0]], seeds=[0], max_new_tokens=8, stop_token_ids=stops)
             started, tokens = time.perf_counter(), []
             for start in range(0, len(prompts), concurrency):
@@ -110,7 +134,9 @@ def main(argv: list[str] | None = None) -> None:
                                        max_new_tokens=args.max_new_tokens, stop_token_ids=stops)  # fmt: skip
                 tokens += [result.tokens for result in results]
             ours = {"seconds": time.perf_counter() - started, "new_tokens": sum(map(len, tokens)), "tokens": tokens}
-            add("ours_ar", concurrency, ours, reference["tokens"])
+            add(f"ours_ar_{kernels}", concurrency, ours, reference["tokens"])
+        if args.generate and concurrency == 1:
+            add("transformers_generate", 1, generate_run(first, prompts, args.max_new_tokens, stops), reference["tokens"])
     report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
               "prompts": len(prompts), "rows": rows}  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -16,6 +16,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from mars_bench.common.kernels import DEFAULT_KERNELS, check_kernels
 from mars_bench.common.paths import CONF_DIR
 from mars_bench.common.settings import parse_label, plugin_label
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
@@ -58,6 +59,7 @@ class ModelConfig:
     max_memory: Any = None
     offload_folder: str | None = None  # a folder allows disk offload
     attn_implementation: str = "sdpa"
+    kernels: str = DEFAULT_KERNELS  # linear layers on the CPU: auto | onednn | stock (mars_bench/models/cpu_linear.py)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
@@ -538,6 +540,7 @@ def check_run_config(cfg: Any) -> None:
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:
         raise ValueError(f"drafter=eagle3 needs model.eagle3_head (a folder or Hub id): model={cfg.model.name} sets none")
     parse_dtype(cfg.model.dtype)
+    check_kernels(cfg.model.kernels)
     check_memory_budget(cfg.model.device_map, cfg.model.max_memory)
     if drafter_needs_model(cfg.drafter.name) and not cfg.model.draft_model:
         raise ValueError(

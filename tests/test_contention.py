@@ -20,6 +20,7 @@ from mars_bench.bench import contention
 from mars_bench.bench.contention import Contention, ContentionMeter, GpuWatch, machine_busy_s
 from mars_bench.bench.records import read_rows
 from mars_bench.bench.summary import disturbed_rows, format_table, summarise
+from mars_bench.common import engine_processes
 
 BUSY = "import time\nend = time.time() + {seconds}\nprint('busy', flush=True)\nwhile time.time() < end: pass"
 
@@ -109,6 +110,26 @@ def test_the_machines_busy_time_is_psutils_busy_fields_and_includes_this_process
     while time.process_time() < end:  # 0.2 s of this process's CPU: the machine counts it too
         pass
     assert machine_busy_s() - busy >= contention.own_cpu_s() - own - 0.05  # the counters' ticks (10 ms)
+
+
+def test_an_adopted_engine_process_is_the_runs_own_work_and_any_other_child_is_not(processes):
+    """A backend's worker (adopted, with what it starts) counts as the run's CPU time; a process the caller
+    started beside the run is another's, though it is this process's child."""
+    spin = "import subprocess, sys, time\nchild = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n" \
+           "print('busy', flush=True)\nwhile True: pass"  # fmt: skip
+    worker = processes.popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline() == "busy\n"
+    own = contention.own_cpu_s()
+    time.sleep(0.3)
+    assert contention.own_cpu_s() - own < 0.1  # two spinning processes, neither adopted
+    engine_processes.adopt(worker.pid)
+    try:
+        own = contention.own_cpu_s()
+        time.sleep(0.3)
+        assert contention.own_cpu_s() - own > 0.15  # the worker and the process it started: up to 0.6 s on 2 cores
+    finally:
+        engine_processes.release(worker.pid)
+    assert worker.pid not in engine_processes.adopted()
 
 
 def test_a_row_is_disturbed_beyond_either_threshold_and_unmeasurable_means_undisturbed():

@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 from mars_bench.backends.base import Backend, PreparedMethod, Requests
+from mars_bench.common.kernels import DEFAULT_KERNELS, EARLIER_KERNELS
 from mars_bench.decoding import DecodeResult
 from mars_bench.decoding.batched import decode_batch
 from mars_bench.drafting import drafter_needs_model
@@ -23,19 +24,22 @@ def cached_model(
     attn: str,
     max_memory: tuple | None = None,
     offload_folder: str | None = None,
+    kernels: str = DEFAULT_KERNELS,
 ) -> LoadedModel:
     """Models stay loaded across the cells of a multirun in one process: one load per distinct
-    (name, dtype, device_map, attn, max_memory, offload_folder), however the call spells it (a draft
-    model equal to the target is the target's object).
+    (name, dtype, device_map, attn, max_memory, offload_folder, kernels), however the call spells it (a
+    draft model equal to the target is the target's object).
 
-    max_memory: a tuple of (device, size) pairs (hashable); offload_folder allows disk offload."""
-    return _loaded(name, dtype, device_map, attn, max_memory, offload_folder)
+    max_memory: a tuple of (device, size) pairs (hashable); offload_folder allows disk offload; kernels:
+    ``model.kernels``."""
+    return _loaded(name, dtype, device_map, attn, max_memory, offload_folder, kernels)
 
 
 @lru_cache(maxsize=4)
 def _loaded(
-    name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None, offload_folder: str | None
-) -> LoadedModel:
+    name: str, dtype: str, device_map: str | None, attn: str, max_memory: tuple | None, offload_folder: str | None,
+    kernels: str,
+) -> LoadedModel:  # fmt: skip
     return load_model(
         name,
         dtype=dtype,
@@ -43,6 +47,7 @@ def _loaded(
         attn_implementation=attn,
         max_memory=dict(max_memory) if max_memory else None,
         offload_folder=offload_folder,
+        kernels=kernels,
     )
 
 
@@ -57,11 +62,12 @@ def load_models(cfg: Any) -> dict[str, LoadedModel]:
     m = cfg.model
     memory = tuple(sorted(((str(k), v) for k, v in m.max_memory.items()), key=str)) if m.max_memory else None
     offload_folder = getattr(m, "offload_folder", None)
-    models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory, offload_folder)}
+    kernels = getattr(m, "kernels", EARLIER_KERNELS)  # a config older than model.kernels ran the stock layers
+    models = {"target": cached_model(m.target, m.dtype, m.device_map, m.attn_implementation, memory, offload_folder, kernels)}
     if drafter_needs_model(cfg.drafter.name):
         # Unsharded targets keep the default device; sharded ones get the drafter beside their first device.
         place = str(drafter_device(models["target"].model)) if m.device_map else None
-        models["drafter"] = cached_model(m.draft_model, m.dtype, place, m.attn_implementation, None)
+        models["drafter"] = cached_model(m.draft_model, m.dtype, place, m.attn_implementation, None, None, kernels)
         check_tokenizers_compatible(models["target"].tokenizer, models["drafter"].tokenizer)
     return models
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mars_bench.backends.base import Backend, PreparedMethod, Requests
+from mars_bench.common import engine_processes
+from mars_bench.common.kernels import DEFAULT_KERNELS
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.method import MethodSpec
 from mars_bench.models.loading import stop_tokens_of
@@ -51,6 +53,10 @@ def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
         if getattr(settings, key) != getattr(defaults, key):
             raise ValueError(f"drafter.{key}={cli_value(getattr(settings, key))}{source} is not a setting of vLLM's drafter: "
                              f"allowed with backend=vllm is drafter.{key}={cli_value(getattr(defaults, key))}")  # fmt: skip
+    kernels = getattr(cfg.model, "kernels", DEFAULT_KERNELS)
+    if kernels != DEFAULT_KERNELS:
+        raise ValueError(f"model.kernels={kernels} chooses the linear layers of this package's engine; vLLM runs its own: "
+                         "allowed with backend=vllm is model.kernels=auto")  # fmt: skip
     if cfg.fidelity:
         raise ValueError("fidelity=true is not recorded by backend=vllm yet (vLLM 0.32.0 drafts greedily and keeps no q): "
                          "allowed there is fidelity=false")  # fmt: skip
@@ -101,6 +107,7 @@ class VllmWorker:
                 [str(python), "-m", "mars_bench.serving.vllm_worker", "--reply-fd", str(write)],
                 stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write,), env=env, text=True,
             )  # fmt: skip
+        engine_processes.adopt(self.process.pid)  # its CPU time is this run's work, not another process's
         os.close(write)
         self.replies = os.fdopen(read)
 
@@ -123,6 +130,7 @@ class VllmWorker:
                 self.process.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
+        engine_processes.release(self.process.pid)
 
 
 def by_name(verifier: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import EARLIER_BACKEND, RECORD_FIELDS, read_rows
 from mars_bench.common.files import atomic_create
+from mars_bench.common.kernels import EARLIER_KERNELS
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
 ENTRY_SUFFIX = ".json"
@@ -37,7 +38,8 @@ def baseline_conditions(cfg: Any) -> dict[str, Any]:
             "device_map": model.device_map, "task": task.name, "scorer": task.scorer, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
             "threads": cfg.threads, "batch_size": getattr(cfg, "batch_size", 1),
-            "backend": getattr(cfg, "backend", EARLIER_BACKEND)}  # fmt: skip
+            "backend": getattr(cfg, "backend", EARLIER_BACKEND),
+            "kernels": getattr(model, "kernels", EARLIER_KERNELS)}  # fmt: skip
 
 
 HASHED_AS = {"attn_implementation": "attn"}  # the names earlier versions hashed: their cached baselines still match
@@ -51,6 +53,8 @@ def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> st
         del fixed["batch_size"]  # as earlier versions hashed it: their cached baselines still match
     if fixed["backend"] == EARLIER_BACKEND:
         del fixed["backend"]  # likewise
+    if fixed["kernels"] == EARLIER_KERNELS:
+        del fixed["kernels"]  # likewise
     fixed |= {"question_id": str(question_id), "prompt": prompt, "seed": seed}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 

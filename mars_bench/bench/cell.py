@@ -68,7 +68,8 @@ class Cell:
     def build_scorer(self) -> Any:
         task, model = self.cfg.task, self.cfg.model
         if task.scorer == "judge":
-            judge = cached_model(task.judge_model, model.dtype, model.device_map, model.attn_implementation, None)
+            judge = cached_model(task.judge_model, model.dtype, model.device_map, model.attn_implementation, None, None,
+                                 model.kernels)  # fmt: skip
             return JudgeScorer(judge, load_judge_prompts(self.cfg.data_dir), task.judge_max_new_tokens)
         return SCORERS.get(task.scorer) if task.scorer else None
 

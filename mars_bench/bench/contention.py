@@ -20,6 +20,8 @@ from typing import Any
 
 import psutil
 
+from mars_bench.common.engine_processes import adopted
+
 # The busy fields of psutil.cpu_times(), those a system has: Linux counts guest time inside user
 # already, and Windows its interrupt and DPC time inside system; idle and iowait are not busy.
 BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
@@ -38,17 +40,23 @@ def machine_busy_s() -> float | None:
 
 
 def own_cpu_s() -> float:
-    """CPU seconds this process and its children used (user + system, every thread): a backend's engine
-    processes (``backend=vllm``'s workers) are this run's work, not another's."""
-    me = psutil.Process()
-    times = me.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system  # children already waited for
-    for child in me.children(recursive=True):
+    """CPU seconds this process used (user + system, every thread) and the processes it adopted as its own
+    work (``common.engine_processes``: ``backend=vllm``'s workers, with their descendants). Other children,
+    such as a process a caller started beside the run, are another's."""
+    times = psutil.Process().cpu_times()
+    total = times.user + times.system
+    for pid in adopted():
         try:
-            child_times = child.cpu_times()
-        except psutil.Error:  # it ended between the listing and the read
+            worker = psutil.Process(pid)
+            family = [worker, *worker.children(recursive=True)]
+        except psutil.Error:  # it ended
             continue
-        total += child_times.user + child_times.system
+        for process in family:
+            try:
+                spent = process.cpu_times()
+            except psutil.Error:  # it ended between the listing and the read
+                continue
+            total += spent.user + spent.system
     return total
 
 

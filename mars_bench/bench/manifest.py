@@ -104,12 +104,16 @@ def gpu_description() -> list[dict[str, Any]]:
 
 def model_record(role: str, loaded: Any, models: dict[str, Any]) -> dict[str, Any]:
     """One model's manifest entry: dtype, placement, the max_memory it was planned against and
-    the plan's sizes (sharded loads), and for a drafter beside a target the placement rule."""
+    the plan's sizes (sharded loads), the kernels asked for and what was packed at load (layers, the
+    seconds it took, outside every timed row, and the packed copies' size), and for a drafter beside a
+    target the placement rule."""
     record: dict[str, Any] = {
         "dtype": loaded.dtype,
         "placement": placement(loaded.model),
         "max_memory": {str(k): v for k, v in loaded.max_memory.items()} if getattr(loaded, "max_memory", None) else None,
         "plan": loaded.plan.to_record() if getattr(loaded, "plan", None) is not None else None,
+        "kernels": getattr(loaded, "kernels", None),
+        "packed_linears": loaded.packed.describe() if getattr(loaded, "packed", None) is not None else None,
     }
     if role == "drafter" and "target" in models:
         record["placed_with"] = {

@@ -16,11 +16,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mars_bench.common.kernels import EARLIER_KERNELS
+
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
-SCHEMA_VERSION = 11  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 12  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
@@ -32,6 +34,7 @@ SCHEMA_VERSION = 11  # 2: shadow_accepted, baseline_from, draft_length; 3: draft
 #    peak_memory_mb
 # 10: finished (the answer ended on a stop token or string, not at the token budget)
 # 11: backend (what ran the method: the engine of this package, transformers, or another backend)
+# 12: kernels (model.kernels: how the engine's linear layers computed on the CPU)
 SETTINGS_AS_FIELDS_UNTIL = 6  # the last schema whose rows carried verifier settings as fields (``legacy_setting_fields``)
 RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: no reader takes them for verifier settings
 
@@ -41,8 +44,9 @@ RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: 
 # between the cells of a sweep; the analysis pairs a method with a baseline, and pools rows into one
 # setting, only where they agree (records older than schema 7 lack the last four: they agree as unknown).
 BASELINE_CONDITIONS = ("target", "dtype", "attn_implementation", "device_map", "task", "scorer", "temperature", "top_p",
-                       "top_k", "max_new_tokens", "seed", "threads", "batch_size", "backend")  # fmt: skip
-# (batch_size from schema 8 on: older rows were decoded one at a time, batch_size 1; backend from schema 11 on)
+                       "top_k", "max_new_tokens", "seed", "threads", "batch_size", "backend", "kernels")  # fmt: skip
+# (batch_size from schema 8 on: older rows were decoded one at a time, batch_size 1; backend from schema 11 on;
+# kernels from schema 12 on: older rows ran common.kernels.EARLIER_KERNELS)
 EARLIER_BACKEND = "transformers"  # what ran every row, and every config, older than the backend field
 
 
@@ -135,6 +139,7 @@ class Record:
     draft_length: str = "fixed"  # the draft-length policy: fixed | schedule | confidence
     drafter_setting: str = ""  # the drafter's shaping keys, e.g. "gamma=5,top_k=3,tree_tokens=16"
     backend: str = EARLIER_BACKEND  # what ran the method (mars_bench/backends); older rows: EARLIER_BACKEND
+    kernels: str = EARLIER_KERNELS  # model.kernels (common/kernels.py); older rows: EARLIER_KERNELS
     schema_version: int = SCHEMA_VERSION
 
     @property

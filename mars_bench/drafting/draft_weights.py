@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from mars_bench.common.settings import OPTIONAL
+from mars_bench.models.cpu_linear import packed_weights
 
 DRAFT_WEIGHTS = ("int8", "int4")  # besides null: the weights as loaded
 INT4_GROUP = 32  # inputs per int4 scale and zero point
@@ -144,7 +145,7 @@ def quantized_draft_model(model: Any, weights: str | None) -> Any:
     for module in [*model.get_decoder().modules(), model.get_output_embeddings()]:
         if isinstance(module, torch.nn.Linear) and id(module) not in memo:
             memo[id(module)] = quantized_linear(module, weights)
-    for tensor in [*model.parameters(), *model.buffers()]:
+    for tensor in [*model.parameters(), *model.buffers(), *packed_weights(model)]:
         memo.setdefault(id(tensor), tensor)  # shared, not copied
     quantized = copy.deepcopy(model, memo)
     if hasattr(quantized, "row_layer"):  # a ReducedHeadModel's context-token rows, quantized like its cut head

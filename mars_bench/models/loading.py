@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from mars_bench.common.kernels import DEFAULT_KERNELS
+from mars_bench.models.cpu_linear import PackedLinears, use_kernels
 from mars_bench.models.placement import (
     PLANNED_MAPS,
     DevicePlan,
@@ -30,7 +32,8 @@ class LoadedModel:
     """A causal LM with its tokenizer, where it came from, and how it was placed.
 
     max_memory: the budget as given (normalised keys), None if none. plan: the device plan
-    checked before loading (sharded loads only).
+    checked before loading (sharded loads only). kernels: ``model.kernels`` as asked; packed: what
+    ``cpu_linear.use_kernels`` packed at load (None: nothing).
     """
 
     model: Any
@@ -39,6 +42,8 @@ class LoadedModel:
     dtype: str
     max_memory: dict | None = None
     plan: DevicePlan | None = None
+    kernels: str = "stock"
+    packed: PackedLinears | None = None
 
     @property
     def device(self) -> torch.device:
@@ -66,6 +71,7 @@ def load_model(
     max_memory: dict | None = None,
     attn_implementation: str = "sdpa",
     offload_folder: str | Path | None = None,
+    kernels: str = DEFAULT_KERNELS,
 ) -> LoadedModel:
     """Resolve ``name`` (folder or Hub id) and load it for inference (eval mode, no grad).
 
@@ -73,6 +79,7 @@ def load_model(
     auto | balanced | balanced_low_0 | sequential: planned against ``max_memory`` on the meta
     device and checked before any weight is read (``plan_device_map``).
     offload_folder: where disk-offloaded weights go (giving one allows disk offload).
+    kernels: how linear layers on the CPU compute (``cpu_linear.use_kernels``: auto | onednn | stock).
     """
     torch_dtype = parse_dtype(dtype)
     memory = check_memory_budget(device_map, max_memory)
@@ -100,8 +107,9 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
     model.eval().requires_grad_(False)
     steady_attention_kernels(model)
+    packed = use_kernels(model, kernels)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-    return LoadedModel(model, tokenizer, resolved, dtype, memory, plan)
+    return LoadedModel(model, tokenizer, resolved, dtype, memory, plan, kernels, packed)
 
 
 def check_tokenizers_compatible(target: Any, drafter: Any) -> None:

@@ -70,6 +70,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
         "assisted-like (the assistant with each configuration's draft weights); default all",
     )
     parser.add_argument("--dtype", default=None, help="default: the model option's dtype")
+    parser.add_argument("--kernels", default=PerfSettings.kernels, help="our models' linear layers on the CPU: auto (default), "
+                        "onednn or stock (model.kernels); transformers' side always loads as its users do")  # fmt: skip
     parser.add_argument(
         "--draft-length",
         nargs="+",
@@ -112,7 +114,7 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
         repeats=args.repeats, gamma=args.gamma, max_gamma=args.max_gamma, min_confidence=args.min_confidence,
         draft_cost=args.draft_cost, peers=tuple(args.peers),
         temperatures=tuple(args.temperatures),
-        token_counts=args.token_counts, data_dir=args.data_dir, **draft_configs(args),
+        token_counts=args.token_counts, data_dir=args.data_dir, kernels=args.kernels, **draft_configs(args),
     )  # fmt: skip
     settings.check()
     return settings, Path(args.out)

@@ -20,6 +20,7 @@ from typing import Any
 
 from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
+from mars_bench.common.kernels import DEFAULT_KERNELS, check_kernels
 from mars_bench.common.strict_rule import strict_verifier
 from mars_bench.common.token_counts import emitted_tokens
 from mars_bench.decoding import decode
@@ -95,6 +96,7 @@ class PerfSettings:
     peers: tuple[str, ...] = PEER_METHODS  # transformers' methods timed (see methods_for)
     token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
     data_dir: str | None = None
+    kernels: str = DEFAULT_KERNELS  # our models' linear layers on the CPU (model.kernels); transformers' loads as its users
 
     def check(self) -> None:
         for option, value in (("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens),
@@ -109,6 +111,7 @@ class PerfSettings:
             check_count_file(self.token_counts)  # before any model loads
         check_min_confidence(self.min_confidence)
         check_draft_cost(self.draft_cost)
+        check_kernels(self.kernels)
         for peer in self.peers:
             if peer not in PEER_METHODS:
                 raise ValueError(f"--peers {peer} is invalid: allowed are {', '.join(PEER_METHODS)}")
@@ -196,8 +199,8 @@ class Suite:
     def __init__(self, settings: PerfSettings) -> None:
         settings.check()
         self.settings = settings
-        self.target = load_model(settings.target, dtype=settings.dtype)
-        self.draft = load_model(settings.draft_model, dtype=settings.dtype)
+        self.target = load_model(settings.target, dtype=settings.dtype, kernels=settings.kernels)
+        self.draft = load_model(settings.draft_model, dtype=settings.dtype, kernels=settings.kernels)
         check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
         # transformers' side runs on its own load, as its users load models (see peer.load_peer).
         self.peer_target = load_peer(self.target.resolved.path, settings.dtype)
@@ -455,6 +458,8 @@ def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any
         "prompts": len(suite.prompts),
         "prompt_tasks": suite.prompt_tasks,
         "peer_loading": PEER_LOADING.format(dtype=suite.settings.dtype),
+        "packed_linears": {role: loaded.packed.describe() if loaded.packed else None
+                           for role, loaded in (("target", suite.target), ("draft_model", suite.draft))},  # fmt: skip
         "assisted_generation": assistant_settings(suite.peer_draft),
         "results": results,
         "comparisons": comparisons(suite.methods, raw),

@@ -1,0 +1,124 @@
+"""Linear layers whose weights are packed once for oneDNN, for forwards on the CPU.
+
+On the CPU a decoder's forward at small batch is mostly the matrix products of its linear layers.
+PyTorch's stock linear gives oneDNN (or MKL) the weight in its plain [out, in] layout on every call;
+packing it once, at load, into the blocked layout the kernel reads is what vLLM's CPU engine does
+(``create_onednn_mm`` at load, ``onednn_mm`` per call) and what inductor's freezing pass does
+(``mkldnn._reorder_linear_weight`` then ``mkldnn._linear_pointwise``). ``pack_linears`` does the same in
+eager mode with those two PyTorch operators, so the model code, the cache and every hook stay as they
+are: a packed layer keeps its weight (tied heads, quantizers and reduced draft heads read it) and
+computes through its packed copy.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+
+from mars_bench.common.kernels import check_kernels
+
+PACK_BATCH_HINT = 1  # rows the packed layout is chosen for (decoding's one token per row); any row count runs
+
+
+@dataclass(frozen=True)
+class PackedLinears:
+    """What ``pack_linears`` did: layers packed, seconds it took, bytes the packed copies hold."""
+
+    layers: int
+    seconds: float
+    bytes: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"layers": self.layers, "pack_s": round(self.seconds, 3), "packed_gb": round(self.bytes / 2**30, 3)}
+
+
+def onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can run a ``dtype`` linear layer on this CPU in hardware: float32 anywhere oneDNN is
+    built in, bfloat16 only with native bf16 instructions (``avx512_bf16``, AMX, or an Arm CPU's)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packable(module: torch.nn.Module) -> bool:
+    """A plain ``nn.Linear`` (not a subclass, not a quantized weight) on the CPU in a dtype oneDNN runs natively."""
+    if type(module) is not torch.nn.Linear:
+        return False
+    weight = module.weight
+    return (type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.layout == torch.strided
+            and onednn_runs(weight.dtype))  # fmt: skip
+
+
+def packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` through the layer's packed weight (any leading shape of ``x``)."""
+    return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def pack_linears(model: torch.nn.Module, batch_hint: int = PACK_BATCH_HINT) -> PackedLinears:
+    """Pack every packable linear layer of ``model`` for oneDNN (in place; layers packed before are left
+    as they are). The weights stay; the packed copies add about their size in memory."""
+    started, layers, size = time.perf_counter(), 0, 0
+    with torch.no_grad():
+        for module in model.modules():
+            if not packable(module) or hasattr(module, "packed_weight"):
+                continue
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), batch_hint)
+            module.forward = types.MethodType(packed_forward, module)
+            layers += 1
+            size += module.weight.numel() * module.weight.element_size()
+    return PackedLinears(layers, time.perf_counter() - started, size)
+
+
+def packed_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The packed copies ``pack_linears`` attached to ``model``'s layers (neither parameters nor buffers:
+    a copy of the model that should share them must be told, e.g. through ``copy.deepcopy``'s memo)."""
+    return [module.packed_weight for module in model.modules() if hasattr(module, "packed_weight")]
+
+
+def unpack_linears(model: torch.nn.Module) -> int:
+    """Undo ``pack_linears`` (the layers compute from their weights again); how many layers were packed."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "packed_weight"):
+            del module.packed_weight
+            del module.forward  # the instance's override: the class's forward shows through again
+            count += 1
+    return count
+
+
+def packable_bytes(model: torch.nn.Module) -> int:
+    """Bytes the packed copies of ``model``'s packable layers would hold (about their weights' size)."""
+    layers = [m for m in model.modules() if packable(m) and not hasattr(m, "packed_weight")]
+    return sum(m.weight.numel() * m.weight.element_size() for m in layers)
+
+
+def use_kernels(model: torch.nn.Module, kernels: str) -> PackedLinears | None:
+    """Apply ``model.kernels`` to a loaded model: ``onednn`` and ``auto`` pack its linear layers where
+    ``packable`` (``onednn`` insists: ValueError where none is); ``stock`` leaves it. ``auto`` also leaves it
+    where the packed copies would take more than half the memory still available (a warning says so).
+    None where nothing was packed."""
+    check_kernels(kernels)
+    if kernels == "stock":
+        return None
+    needed, available = packable_bytes(model), psutil.virtual_memory().available
+    if kernels == "auto" and needed > available / 2:
+        warnings.warn(f"model.kernels=auto left the linear layers stock: packing them would take {needed / 2**30:.1f} "
+                      f"GiB of the {available / 2**30:.1f} GiB available (model.kernels=onednn packs anyway)",
+                      stacklevel=2)  # fmt: skip
+        return None
+    packed = pack_linears(model)
+    if packed.layers:
+        return packed
+    if kernels == "onednn":
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+        raise ValueError(f"model.kernels='onednn' found no linear layer it can pack (CPU, oneDNN with native "
+                         f"{'/'.join(dtypes)}): allowed here are auto, stock")  # fmt: skip
+    return None
