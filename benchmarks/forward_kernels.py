@@ -1,6 +1,6 @@
 """Where a forward's time goes on the CPU, and what each candidate kernel setting makes of it.
 
-    python benchmarks/forward_kernels.py [--candidates stock onednn onednn32 compile] [--profile] [--out DIR]
+    python benchmarks/forward_kernels.py [--candidates stock onednn1 onednn16 onednn32 compile] [--profile] [--out DIR]
 
 On the embedded pair (Qwen2.5-Coder 1.5B target, 0.5B drafter), bf16 unless ``--dtype``, after a
 ``--context``-token cached prefix of random ids (a HumanEval prompt is about 150 tokens), as the engine runs
@@ -9,17 +9,19 @@ mask of the batched engine). Per candidate, the median of ``--repeats`` timed fo
 
 - target, B = 1: one token (an AR step), 6 tokens (a gamma-5 verification);
 - target, B = 4: one token per row;
-- drafter, B = 1: one token, and a 120-token prefill.
+- drafter, B = 1: one token, and a 120-token prefill;
+- with ``--widths``: the target at B = 1 over each of these widths (a verification forward is gamma + 1 wide).
 
-Candidates: ``stock`` (the models as loaded); ``onednn`` and ``onednn32`` (``cpu_linear.pack_linears``, the
-packed layout chosen for 1 and for 32 rows); ``compile`` (``torch.compile`` with inductor's freezing,
-which packs the linear weights for oneDNN in the graph; its compile time is reported apart). The
+Candidates: ``stock`` (the models as loaded); ``onednnN`` (``cpu_linear.pack_linears``, the packed layout
+chosen for N rows; ``onednn``: the engine's default, ``PACK_BATCH_HINT``); ``compile`` (``torch.compile``
+with inductor's freezing, which packs the linear weights for oneDNN in the graph; its compile time is reported apart). The
 drafter's quantized weights ``int4`` and ``int8`` (``draft_weights.quantized_draft_model``) are timed on
 the drafter as loaded. ``--profile``: an operator profile (torch.profiler, self CPU time) of the target's
 one-token forward at B = 1 and B = 4, of ``generate`` (16 tokens with their prefill) and of a drafter
 step, per candidate in ``--profile-candidates``. ``--equality N``: our AR on packed layers against
 ``generate`` on a stock load, on N HumanEval prompts, with the logit gap where they part. Also the
-machine's own limits: GB/s reading memory and GFLOP/s of a large matrix product. Writes
+machine's own limits: GB/s reading memory and GFLOP/s of a large matrix product. ``--threads`` sets torch's
+threads; the OpenMP affinity variables and ``LD_PRELOAD``, set around the command, are recorded. Writes
 ``results.json`` and prints the CPU it ran on.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -37,7 +40,7 @@ import torch
 
 from mars_bench.bench.manifest import cpu_description
 from mars_bench.drafting.draft_weights import quantized_draft_model
-from mars_bench.models.cpu_linear import pack_linears, unpack_linears
+from mars_bench.models.cpu_linear import PACK_BATCH_HINT, pack_linears, unpack_linears
 from mars_bench.models.kvcache import cached_logits, crop_to, new_cache
 from mars_bench.models.loading import load_model
 from mars_bench.perf.batch_costs import batch_forward_seconds
@@ -45,6 +48,7 @@ from mars_bench.perf.costs import forward_seconds
 
 TARGET, DRAFT = "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 PREFILL = 120  # drafter prefill tokens (a prompt's worth)
+AFFINITY_ENV = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "LD_PRELOAD")  # recorded as set
 
 
 @torch.inference_mode()
@@ -125,9 +129,10 @@ def profiles(model: Any, tokenizer: Any, context: int, batch: int) -> dict[str, 
 
 
 def machine_limits(dtype: torch.dtype, repeats: int = 5) -> dict[str, float]:
-    """What this machine reaches outside any model: GB/s reading a 1 GiB tensor (a sum over it), and GFLOP/s
-    of a large ``dtype`` matrix product (2048 x 2048 x 2048; the matrix units' reach); medians of ``repeats``."""
-    data = torch.ones(2**30 // torch.finfo(dtype).bits * 8, dtype=dtype)
+    """What this machine reaches outside any model: GB/s reading 1 GiB of memory (a float32 sum over it), and
+    GFLOP/s of a large ``dtype`` matrix product (2048 x 2048 x 2048, the matrix units' reach); medians of
+    ``repeats``."""
+    data = torch.ones(2**28, dtype=torch.float32)
     a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
     read, multiply = [], []
     for _ in range(repeats + 1):
@@ -175,19 +180,23 @@ def divergences(target: Any, prompts: list[list[int]], new_tokens: int, stops: l
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--candidates", nargs="+", default=["stock", "onednn", "onednn32"])
+    parser.add_argument("--candidates", nargs="+", default=["stock", "onednn1", "onednn16", "onednn32"])
     parser.add_argument("--drafter-weights", nargs="*", default=["int4", "int8"])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--context", type=int, default=147)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
+    parser.add_argument("--widths", type=int, nargs="*", default=[], help="also time the target at B = 1 over these widths")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--profile-candidates", nargs="+", default=["stock", "onednn"])
+    parser.add_argument("--profile-candidates", nargs="+", default=["stock", "onednn16"])
     parser.add_argument("--equality", type=int, default=0, metavar="N",
                         help="also decode N HumanEval prompts with our AR on packed layers and with generate on a stock load")
     parser.add_argument("--equality-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("forward_kernels_out"))
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     limits = machine_limits(getattr(torch, args.dtype))
@@ -196,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     draft = load_model(DRAFT, dtype=args.dtype, kernels="stock")
     report: dict[str, Any] = {"cpu": cpu_description(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                               "started": started, "args": {k: str(v) for k, v in vars(args).items()}, "seconds": {},
+                              "env": {name: os.environ.get(name) for name in AFFINITY_ENV},
                               "setup_s": {}, "profiles": {}, "limits": limits}  # fmt: skip
 
     def record(candidate: str, seconds: dict[str, float]) -> None:
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         models = {"target": target.model, "drafter": draft.model}
         setup = time.perf_counter()
         if candidate.startswith("onednn"):
-            hint = int(candidate.removeprefix("onednn") or 1)
+            hint = int(candidate.removeprefix("onednn") or PACK_BATCH_HINT)
             packs = {name: pack_linears(model, hint).describe() for name, model in models.items()}
             report.setdefault("packed", {})[candidate] = packs
         elif candidate == "compile":
@@ -218,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         first = time.perf_counter()
         for name, model in models.items():
             record(candidate, model_cases(model, name, args.context, args.repeats, args.batch))
+        if args.widths:
+            record(candidate, {f"target_b1_w{width}": forward_seconds(models["target"], args.context, width, args.repeats)
+                               for width in args.widths})  # fmt: skip
         report["setup_s"][candidate + "_first_timed_pass"] = time.perf_counter() - first
         if args.profile and candidate in args.profile_candidates:
             report["profiles"][candidate] = profiles(models["target"], target.tokenizer, args.context, args.batch)

@@ -86,6 +86,7 @@ def recorded_and_replayed(tmp_path_factory, tiny_target):
 DIFFERENT = {"backend", "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed", "peak_memory_mb"}
 
 
+@pytest.mark.slow  # over a second with its fixture
 def test_a_second_backend_runs_the_cell_with_nothing_else_changed(recorded_and_replayed):
     recorded, replayed = recorded_and_replayed
     key = lambda row: (str(row["question_id"]), row["turn"], row["method"])  # noqa: E731
@@ -100,6 +101,7 @@ def test_a_second_backend_runs_the_cell_with_nothing_else_changed(recorded_and_r
     assert any(row["steps"] > 0 and row["method"] != BASELINE for row in replayed)
 
 
+@pytest.mark.slow  # over a second with its fixture
 def test_the_summary_and_the_analysis_know_the_backend_only_by_the_records_field(recorded_and_replayed, tmp_path):
     import pandas as pd
 
@@ -123,6 +125,7 @@ class QueueReplayBackend(ReplayBackend):
 CALLS: list[tuple[str, int]] = []
 
 
+@pytest.mark.slow  # over a second with its fixture
 def test_a_backend_that_serves_a_queue_gets_every_question_of_a_turn_in_one_call(recorded_and_replayed, tmp_path):
     """batch_size=2 over 3 questions: a batch backend gets chunks of 2 and 1; a queue-serving one all 3 at once
     (it keeps batch_size in flight itself), turn by turn, with the same rows."""

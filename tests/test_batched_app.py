@@ -34,6 +34,7 @@ def by_key(rows):
     return {(str(r["question_id"]), r["turn"], r["method"]): r for r in rows}
 
 
+@pytest.mark.slow  # over a second with its fixture
 def test_a_cell_at_batch_2_decodes_what_it_decodes_one_at_a_time_and_says_which_batch_each_row_was_in(batched_rows):
     alone, together = by_key(batched_rows[1]), by_key(batched_rows[2])
     assert alone.keys() == together.keys() and len(together) == 5 * 2 * 2
@@ -57,6 +58,7 @@ def test_a_cell_at_batch_2_decodes_what_it_decodes_one_at_a_time_and_says_which_
     assert alone[(questions[0], 1, "mars")]["batch_id"] == "0.1" and alone[(questions[3], 2, "mars")]["batch_id"] == "3.2"
 
 
+@pytest.mark.slow  # over a second with its fixture
 def test_the_summary_gives_throughput_and_latency_against_the_baseline_at_the_same_batch_size(batched_rows):
     rows = batched_rows[2]
     summary = summarise(rows, include_disturbed=True)  # under a parallel suite every row may be disturbed
@@ -95,11 +97,13 @@ def test_a_bad_batch_size_or_an_unbatched_drafter_is_refused_in_one_line_before_
     assert "nonexistent" not in result.stderr  # refused before the target was looked for
 
 
+@pytest.mark.slow  # over a second with its fixture
 def test_more_rows_than_prompts_decodes_them_all_in_one_batch(batched_rows, tmp_path):
     rows = run_cell(run_config(*BATCHED, "task.num_prompts=2", "max_new_tokens=4", "batch_size=8"), tmp_path)
     assert len(rows) == 2 * 2 * 2 and all(r["status"] == "ok" and r["batch_rows"] == 2 for r in rows)
 
 
+@pytest.mark.slow  # over a second
 def test_the_cells_of_a_sweep_at_one_batch_size_share_each_baseline_batch(tmp_path, tiny_target):
     shared = [*BATCHED, "task.num_prompts=3", "max_new_tokens=4", "batch_size=2", f"baseline_cache={tmp_path / 'baselines'}"]
     first = run_cell(run_config(*shared, "verifier=rejection"), tmp_path / "rejection", name="rejection")

@@ -48,6 +48,7 @@ def in_batches(target, drafter, verifier, prompts, size, **settings):
                                        seeds=range(start, min(start + size, len(prompts))), **settings)]  # fmt: skip
 
 
+@pytest.mark.slow  # over a second each
 @pytest.mark.parametrize("name", ["model_tree", "eagle3"])
 @pytest.mark.parametrize(("verifier", "temperature"), [("exact", 0.0), ("rejection", 1.0)])
 def test_a_batch_of_trees_decodes_each_prompt_as_decode_does_alone(tiny, name, verifier, temperature):

@@ -148,6 +148,7 @@ def positions(result) -> list[tuple[int, int]]:
     return found
 
 
+@pytest.mark.slow  # over a second
 def test_greedy_a_window_over_the_whole_answer_decodes_as_exact(pair):
     target, drafter = pair
     kwargs = dict(max_new_tokens=TOKENS, gamma=4)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 CHECKS = '''
@@ -43,6 +45,7 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
 
 
+@pytest.mark.slow  # over a second
 def test_the_extending_pages_examples_run():
     blocks = python_blocks()
     assert len(blocks) == 3  # a verifier, a drafter, a backend (a task is data: its YAML is checked below)

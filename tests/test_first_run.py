@@ -281,6 +281,7 @@ def test_schema_entries_are_no_options(clone, choice):
     assert not (clone / "runs").exists()
 
 
+@pytest.mark.slow  # over a second
 def test_help_lists_no_schema_entries(clone):
     listing = app("--help", cwd=clone)
     assert listing.returncode == 0 and "verifier: bild, cascade, exact" in listing.stdout and "_schema" not in listing.stdout

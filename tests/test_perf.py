@@ -240,3 +240,15 @@ def test_assisted_generation_drafts_with_the_same_int4_weights_as_the_drafter_it
     for name, weight in quantized.items():  # the same packed int4 weights, scales and zero points
         assert torch.equal(weight.qdata, ours[name].qdata) and torch.equal(weight.scale_and_zero, ours[name].scale_and_zero), name
     assert speed_settings(assistant)["attention"] == speed_settings(suite.peer_draft)["attention"]
+
+
+def test_a_comparison_with_transformers_names_our_packed_linears_and_one_inside_our_engine_does_not():
+    config = DraftConfig("confidence", 32768, weights="int4")
+    ours, ar = suite_module.Method(suite_module.OURS, 0.0, config), suite_module.Method(suite_module.OURS, 0.0)
+    assisted = suite_module.Method(suite_module.PEER, 0.0, assisted=True, assistant_weights="int4")
+    kernels = "the linear layers: ours packed for oneDNN"
+    assert kernels in suite_module.differences(ours, assisted, packed=True)
+    assert kernels in suite_module.differences(ar, suite_module.Method(suite_module.PEER, 0.0), packed=True)
+    assert kernels not in suite_module.differences(ours, ar, packed=True)
+    assert kernels not in suite_module.differences(ours, assisted, packed=False)
+    assert suite_module.differences(ours, assisted).startswith("the decoder: ours")

@@ -125,6 +125,7 @@ def test_cells_that_differ_in_other_than_one_number_are_no_sweep(tmp_path, setti
     assert setting_sweeps(method_summary(gather([tmp_path]))) == [], why
 
 
+@pytest.mark.slow  # over a second
 def test_the_threshold_ablation_and_the_pareto_front_draw_any_verifiers_sweep(tmp_path):
     from mars_bench.analysis.figures import pareto, threshold_ablation
 

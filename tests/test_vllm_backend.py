@@ -2,10 +2,13 @@
 (before any model loads), and, where vLLM's environment is installed (``python -m mars_bench.serving.install``;
 CI's vLLM lane), SmolLM2-135M in fp32 inside vLLM: ``exact`` through the plugin against vLLM's own greedy
 decoding with and without speculation, vLLM's steps re-judged by our verifiers, the trace against vLLM's
-counters, ``rejection`` at T = 1 against vLLM's autoregressive sampling, and the app's command as typed."""
+counters, ``rejection`` at T = 1 against vLLM's autoregressive sampling, the fidelity costs traced inside vLLM
+against ``step_costs`` on the same steps, and the app's command as typed."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,6 +20,8 @@ from scipy.stats import chi2_contingency
 
 from mars_bench.backends.vllm import decode_result
 from mars_bench.config import check_run_config
+from mars_bench.decoding.fidelity import PositionCosts, sequence_costs, step_costs
+from mars_bench.serving import vllm_plugin
 from mars_bench.serving.install import TESTED_VLLM, installed_vllm, vllm_python
 from mars_bench.serving.vllm_plugin import (
     PLACEHOLDER,
@@ -25,9 +30,11 @@ from mars_bench.serving.vllm_plugin import (
     expand_batch_to_tokens,
     expands_floats,
     output_rows,
+    set_fidelity,
     vllm_step,
 )
-from mars_bench.verification import VerifyInput, get_verifier
+from mars_bench.serving.vllm_worker import aside_by_request
+from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +148,88 @@ def test_a_request_result_becomes_a_decode_result_without_its_prefill_step():
     assert decoded.tau == 2.5
 
 
+def own_steps(step: VerifyInput) -> list[VerifyInput]:
+    """Each request's own step of the plugin's batched ``step``, sliced by hand: its drafts as a chain, their
+    rows and then its bonus row."""
+    steps, start = [], 0
+    for b, count in enumerate(step.drafts_per_row):
+        rows = step.target_logits[start + b : start + b + count + 1]
+        steps.append(VerifyInput(step.draft_tokens[start : start + count], torch.arange(-1, count - 1), rows, step.sampling))
+        start += count
+    return steps
+
+
+def costs_match(traced: list[dict] | None, expected: list[PositionCosts] | None) -> bool:
+    """Whether the trace's costs of one request's step (dicts) are ``expected`` (``step_costs``), up to float noise."""
+    if traced is None or expected is None:
+        return traced is expected
+    return [PositionCosts(**cost) for cost in traced] == [
+        PositionCosts(**{key: pytest.approx(value, rel=1e-5, abs=1e-6) if isinstance(value, list) else value
+                         for key, value in dataclasses.asdict(cost).items()})
+        for cost in expected
+    ]  # fmt: skip
+
+
+class Metadata:
+    """vLLM's sampling metadata as the judge reads it: one seeded generator per request."""
+
+    def __init__(self, greedy: bool, requests: int) -> None:
+        self.all_greedy, self.all_random = greedy, not greedy
+        self.generators = {b: torch.Generator().manual_seed(20 + b) for b in range(requests)}
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_the_plugin_traces_each_requests_costs_as_step_costs_on_its_own_step(greedy, tmp_path, monkeypatch):
+    """With fidelity on, the trace gives per request (None without drafts) what ``step_costs`` gives for the live
+    rule and the shadow on the request's own step with the drafts each kept; KL is None in greedy mode."""
+    judge = StepJudge(get_verifier("mars", theta=0.5), builtin=None, trace=tmp_path / "trace.jsonl")
+    judge.shadows = [get_verifier("rejection")]
+    monkeypatch.setattr(vllm_plugin, "JUDGES", [judge])
+    set_fidelity(True)
+    counts = [3, 0, 4]
+    flat = flat_step(counts, seed=5)
+    judge(flat["draft_token_ids"], counts, 4, torch.tensor(counts).cumsum(0), None, flat["target_logits"],
+          flat["bonus_token_ids"], Metadata(greedy, len(counts)))  # fmt: skip
+    line = json.loads(judge.trace.read_text())
+    step = vllm_step(**flat, draft_probs=None, greedy=greedy)
+    verifiers = [judge.verifier, *judge.shadows]
+    for own, accepted, shadows, traced in zip(own_steps(step), line["accepted"], line["shadow_accepted"], line["fidelity"]):
+        expected = step_costs(verifiers, own, [accepted, *shadows], list(range(accepted)), True) if own.num_drafts else None
+        assert costs_match(traced, expected)
+    assert line["fidelity"][1] is None and (line["fidelity"][0][0]["kl"] is None) == greedy
+    assert line["fidelity_s"][0] > 0 and line["fidelity_s"][2] > 0 and line["aside_s"] >= sum(line["fidelity_s"])
+
+
+def test_fidelity_under_vllms_own_rule_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(vllm_plugin, "JUDGES", [StepJudge(None, builtin=None)])
+    set_fidelity(False)
+    with pytest.raises(RuntimeError, match=r"^fidelity=true is not computed for vLLM's own rule: allowed with "
+                                           r"fidelity=true is a verifier of this package live \(verifier=exact, "):  # fmt: skip
+        set_fidelity(True)
+
+
+def test_traced_costs_become_the_engines_step_records_and_time_aside_is_left_out():
+    live = {"accept": [0.9, 0.5], "kl": [0.1, float("inf")], "tv": [0.2, 0.4], "draft_tv": [0.3, 0.6], "judged": 2}
+    shadow = {**live, "tv": [0.0, 0.0], "judged": 1}
+    none = {"drafted": 0, "accepted": 0, "relaxed": 0, "reasons": [], "fidelity": None, "fidelity_s": 0.0}
+    steps = [{**none, "next": 5}, {**none, "drafted": 2, "accepted": 1, "relaxed": 1, "next": 7, "reasons": [1, 3],
+                                   "fidelity": [live, shadow], "fidelity_s": 0.25}, {**none, "next": 8}]  # fmt: skip
+    result = {"tokens": [5, 1, 7, 8], "finish": "length", "first_token": 1.5, "last_token": 3.5, "queued": 0.9,
+              "aside_s": [0.1, 0.5], "steps": steps}  # fmt: skip
+    decoded = decode_result(result, prompt_len=4, stops=())
+    assert decoded.steps[0].fidelity == [PositionCosts(**live), PositionCosts(**shadow)] and decoded.steps[1].fidelity is None
+    assert decoded.fidelity() == [sequence_costs([PositionCosts(**live)]), sequence_costs([PositionCosts(**shadow)])]
+    assert decoded.fidelity()[0]["kl_infinite"] == 1 and decoded.fidelity_s == 0.25
+    assert (decoded.prefill_s, decoded.decode_s) == (pytest.approx(0.5), pytest.approx(1.5))
+
+
+def test_a_steps_time_aside_is_left_out_of_every_request_it_paused():
+    lines = [{"req_ids": ["0-a", "1-a"], "aside_s": 0.5}, {"req_ids": ["0-a", "1-a"], "aside_s": 0.25},
+             {"req_ids": ["1-a", "2-a"], "aside_s": 1.0}, {"req_ids": ["2-a"], "aside_s": 2.0}]  # fmt: skip
+    # request 2 waited through the first two steps' aside; its prefill step's aside counts before its first token
+    assert aside_by_request(lines) == {"0": (0.5, 0.25), "1": (0.5, 1.25), "2": (1.75, 2.0)}
+
+
 # --- refusals, before any model loads -----------------------------------------------------------
 
 
@@ -158,9 +247,15 @@ def fake_python(tmp_path: Path, version: str) -> Path:
         (["drafter=layerskip"], "^drafter=layerskip does not run in vLLM: allowed with backend=vllm are model, lookup, eagle3$"),
         (["drafter=model_tree"], "^drafter=model_tree does not run in vLLM"),
         (["drafter=lookup", "drafter.length=schedule"], "^drafter.length=schedule does not run in vLLM, which drafts gamma "),
-        (["drafter=lookup", "fidelity=true"], "^fidelity=true is not recorded by backend=vllm yet"),
-        (["drafter=model", "model=qwen2.5-coder-1.5b", "tuning=none", "drafter.weights=int8"],
-         "^drafter.weights=int8 is not a setting of vLLM.s drafter: allowed with backend=vllm is drafter.weights=null$"),
+        (
+            ["drafter=lookup", "model.kernels=onednn"],
+            "^model.kernels=onednn chooses the linear layers of this package's engine; vLLM runs its own: allowed with "
+            "backend=vllm is model.kernels=auto$",
+        ),
+        (
+            ["drafter=model", "model=qwen2.5-coder-1.5b", "tuning=none", "drafter.weights=int8"],
+            "^drafter.weights=int8 is not a setting of vLLM.s drafter: allowed with backend=vllm is drafter.weights=null$",
+        ),
         (["drafter=lookup", "verifier.theta=2"], "^theta=2.0 is invalid"),
     ],
 )
@@ -238,11 +333,13 @@ def spec_worker(tmp_path_factory):
     worker.close()
 
 
-def generate(worker, prompts, temperature: float = 0.0, max_new_tokens: int = 48, seeds=None, shadows=()) -> dict:
+def generate(worker, prompts, temperature: float = 0.0, max_new_tokens: int = 48, seeds=None, shadows=(),
+             fidelity: bool = False) -> dict:  # fmt: skip
     seeds = seeds or [0] * len(prompts)
     return worker.ask({"op": "generate", "prompts": prompts, "seeds": seeds, "max_new_tokens": max_new_tokens,
                        "stop_token_ids": [], "sampling": {"temperature": temperature, "top_p": 1.0, "top_k": 0},
-                       "shadows": [{"name": name, "settings": settings} for name, settings in shadows]})  # fmt: skip
+                       "shadows": [{"name": name, "settings": settings} for name, settings in shadows],
+                       "fidelity": fidelity})  # fmt: skip
 
 
 def judged_by(worker, name: str | None, **settings) -> None:
@@ -310,15 +407,72 @@ def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_
     steps = dumped_steps(spec_worker)
     assert steps and relaxed > 0  # the margin rule kept drafts the strict rule would not
     for saved in steps:
-        step, out = saved["step"], saved["ours"]
-        start = 0
-        for b, count in enumerate(step.drafts_per_row):
-            rows = step.target_logits[start + b : start + b + count + 1]  # request b's drafts' rows, then its bonus
-            alone = VerifyInput(step.draft_tokens[start : start + count], torch.arange(-1, count - 1), rows, SamplingParams())
+        for b, alone in enumerate(own_steps(saved["step"])):
             verdict = mars.verify(alone)
             expected = [*alone.draft_tokens[verdict.accepted].tolist(), verdict.next_token]
+            out = saved["ours"]
             assert out[b, : len(expected)].tolist() == expected and (out[b, len(expected) :] == PLACEHOLDER).all()
-            start += count
+
+
+def traced_with_dumps(answer: dict, dumps: list[dict]) -> list[tuple[dict, VerifyInput]]:
+    """Every traced step of every request of ``answer`` with the request's own step as the plugin saved it. The
+    requests' ids count up in prompt order (vLLM's ``LLM``); the trace and the dump come from the same calls."""
+    by_request: dict[str, list[VerifyInput]] = {}
+    for saved in dumps:
+        for req_id, own in zip(saved["req_ids"], own_steps(saved["step"])):
+            by_request.setdefault(req_id.rsplit("-", 1)[0], []).append(own)
+    pairs = []
+    for result, key in zip(answer["results"], sorted(by_request, key=int)):
+        assert [step["drafted"] for step in result["steps"]] == [own.num_drafts for own in by_request[key]]
+        pairs += list(zip(result["steps"], by_request[key]))
+    return pairs
+
+
+@needs_vllm
+def test_fidelity_traced_inside_vllm_is_step_costs_on_the_same_steps(spec_worker, prompts):
+    """MARS (theta 0.5) live at T = 1 beside ``rejection``: each request's traced costs at each step equal
+    ``step_costs`` computed here on the step the plugin saved; MARS's TV is positive where it relaxed, and the
+    lossless shadow's is 0 at every position."""
+    dumped_steps(spec_worker)
+    judged_by(spec_worker, "mars", theta=0.5)
+    answer = generate(spec_worker, prompts, 1.0, 32, [1, 2, 3], shadows=[("rejection", {})], fidelity=True)
+    verifiers = [get_verifier("mars", theta=0.5), get_verifier("rejection")]
+    pairs = traced_with_dumps(answer, dumped_steps(spec_worker))
+    relaxed = 0
+    for traced, own in pairs:
+        expected = None
+        if own.num_drafts:
+            kept = [traced["accepted"], *traced["shadow_accepted"]]
+            expected = step_costs(verifiers, own, kept, list(range(traced["accepted"])), chain=True)
+        assert costs_match(traced["fidelity"], expected)
+        if own.num_drafts:
+            live, lossless = expected
+            relaxed_at = [d for d, reason in enumerate(traced["reasons"]) if reason == Reason.RELAXED]
+            relaxed += len(relaxed_at)
+            assert all(live.tv[d] > 0 for d in relaxed_at)
+            assert lossless.tv == pytest.approx([0.0] * own.num_drafts, abs=1e-5)
+    assert sum(own.num_drafts for _, own in pairs) > 20 and relaxed > 0
+    decoded = [decode_result(result, len(prompt), ()) for result, prompt in zip(answer["results"], prompts)]
+    assert all(len(r.fidelity()) == 2 and r.fidelity_s > 0 for r in decoded)
+
+
+@needs_vllm
+def test_rejection_live_at_t1_costs_nothing_at_any_position_while_mars_beside_it_does(spec_worker, prompts):
+    """``rejection`` live at T = 1: its KL and TV are 0 at every drafted position (lossless), where MARS as its
+    shadow on the same drafts costs TV > 0; vLLM's own rule live with fidelity on is refused in one line."""
+    judged_by(spec_worker, None)
+    with pytest.raises(RuntimeError, match=r"^vLLM: RuntimeError: fidelity=true is not computed for vLLM's own rule"):
+        generate(spec_worker, prompts[:1], 1.0, 4, fidelity=True)
+    judged_by(spec_worker, "rejection")
+    answer = generate(spec_worker, prompts, 1.0, 32, [4, 5, 6], shadows=[("mars", {"theta": 0.5})], fidelity=True)
+    costs = [step["fidelity"] for result in answer["results"] for step in result["steps"] if step["fidelity"]]
+    assert sum(len(live["tv"]) for live, _ in costs) > 20
+    for live, _ in costs:
+        assert live["tv"] == pytest.approx([0.0] * len(live["tv"]), abs=1e-5)
+        assert live["kl"] == pytest.approx([0.0] * len(live["kl"]), abs=1e-5)
+    summed = [decode_result(result, len(prompt), ()).fidelity() for result, prompt in zip(answer["results"], prompts)]
+    assert sum(live["tv"] for live, _ in summed) < 1e-4 and sum(mars["tv"] for _, mars in summed) > 0.01
+    dumped_steps(spec_worker)
 
 
 @needs_vllm

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from mars_bench.backends.base import Backend, PreparedMethod, Requests
 from mars_bench.common import engine_processes
 from mars_bench.common.kernels import DEFAULT_KERNELS
+from mars_bench.decoding.fidelity import PositionCosts
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.method import MethodSpec
 from mars_bench.models.loading import stop_tokens_of
@@ -57,9 +58,6 @@ def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
     if kernels != DEFAULT_KERNELS:
         raise ValueError(f"model.kernels={kernels} chooses the linear layers of this package's engine; vLLM runs its own: "
                          "allowed with backend=vllm is model.kernels=auto")  # fmt: skip
-    if cfg.fidelity:
-        raise ValueError("fidelity=true is not recorded by backend=vllm yet (vLLM 0.32.0 drafts greedily and keeps no q): "
-                         "allowed there is fidelity=false")  # fmt: skip
     python = vllm_python()
     version = installed_vllm(python)
     if version is None:
@@ -139,17 +137,25 @@ def by_name(verifier: Any) -> dict[str, Any]:
     return {"name": described.pop("name"), "settings": described}
 
 
+def step_record(step: dict[str, Any]) -> StepRecord:
+    """One traced step of a request (``vllm_worker.steps_by_request``) as our engine records it: with fidelity
+    on, the live verifier's costs then each shadow's (None without drafts) and their seconds."""
+    costs = step.get("fidelity")
+    return StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
+                      emitted=step["accepted"] + 1, reasons=step["reasons"], margins=step.get("margins", []),
+                      shadow_accepted=step.get("shadow_accepted", []),
+                      fidelity=None if costs is None else [PositionCosts(**cost) for cost in costs],
+                      fidelity_s=step.get("fidelity_s", 0.0))  # fmt: skip
+
+
 def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...]) -> DecodeResult:
     """A ``DecodeResult`` from one request's worker answer: its tokens, the engine's timestamps and its steps
     after the prefill's. prefill: from the request's arrival (the ``generate`` call) to its first token, its
     wait for a free slot included; decode: first to last token. So prefill + decode is when the request
-    finished after the call began, as the batched engine's rows count it."""
-    steps = [
-        StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
-                   emitted=step["accepted"] + 1, reasons=step["reasons"], margins=step.get("margins", []),
-                   shadow_accepted=step.get("shadow_accepted", []))
-        for step in result["steps"][1:]
-    ]  # fmt: skip
+    finished after the call began, as the batched engine's rows count it. The seconds the plugin spent aside
+    meanwhile (shadows, fidelity: ``aside_s``, before and after the first token) are left out, as our engine
+    leaves them out of the method's time."""
+    steps = [step_record(step) for step in result["steps"][1:]]
     tokens = result["tokens"]
     emitted = len(tokens) - 1  # the prefill's token first; budgets and stops cut the last step's emission
     for step in steps:
@@ -159,8 +165,10 @@ def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...
         reason = "max_new_tokens"
     else:
         reason = "stop_token" if tokens and tokens[-1] in stops else "stop_string"
-    return DecodeResult(prompt_len, tokens, steps, prefill_s=max(result["first_token"] - result["queued"], 0.0),
-                        decode_s=max(result["last_token"] - result["first_token"], 0.0), stop_reason=reason)  # fmt: skip
+    prefill_aside, decode_aside = result.get("aside_s", (0.0, 0.0))
+    return DecodeResult(prompt_len, tokens, steps, prefill_s=max(result["first_token"] - result["queued"] - prefill_aside, 0.0),
+                        decode_s=max(result["last_token"] - result["first_token"] - decode_aside, 0.0),
+                        stop_reason=reason)  # fmt: skip
 
 
 def check_counters(answer: dict[str, Any]) -> None:
@@ -231,6 +239,7 @@ class VllmBackend(Backend):
             "stop": stop_strings, "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p,
                                                "top_k": sampling.top_k},
             "shadows": [by_name(shadow) for shadow in requests.shadows] if method.judged else [],
+            "fidelity": requests.fidelity and method.judged,
         })  # fmt: skip
         if answer["counters"] is not None:
             check_counters(answer)
@@ -242,4 +251,3 @@ class VllmBackend(Backend):
         for worker in self.workers:
             worker.close()
         self.workers.clear()
-

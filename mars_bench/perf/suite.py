@@ -323,9 +323,10 @@ def summarise_method(method: Method, repeats: list[list[dict[str, Any]]]) -> dic
     return row
 
 
-def comparisons(methods: list[Method], raw: Raw) -> list[dict[str, Any]]:
+def comparisons(methods: list[Method], raw: Raw, packed: bool = False) -> list[dict[str, Any]]:
     """Each of our speculative methods against our AR baseline and against assisted generation at
-    its temperature; our AR baseline and assisted generation against plain ``generate``."""
+    its temperature; our AR baseline and assisted generation against plain ``generate``. packed: our
+    models' linear layers run packed (``model.kernels``), transformers' as it loads them."""
     by_key = {(m.side, m.temperature, m.assisted, m.config, m.assistant_weights): m for m in methods}
     pairs = []
     for method in methods:
@@ -340,14 +341,19 @@ def comparisons(methods: list[Method], raw: Raw) -> list[dict[str, Any]]:
     for mine, other in pairs:
         identical = sum(a["tokens"] == b["tokens"] for ra, rb in zip(raw[mine.name], raw[other.name]) for a, b in zip(ra, rb))
         rows.append({"method": mine.name, "against": other.name, **ratio_stats(raw[mine.name], raw[other.name]),
-                     "identical": identical if mine.temperature == 0 else None, "differs": differences(mine, other),
+                     "identical": identical if mine.temperature == 0 else None, "differs": differences(mine, other, packed),
                      "runs": sum(len(repeat) for repeat in raw[mine.name])})  # fmt: skip
     return rows
 
 
-def differences(mine: Method, other: Method) -> str:
+def differences(mine: Method, other: Method, packed: bool = False) -> str:
     """What differs between the two sides of a comparison; the rest (target and draft weights, dtype,
-    quantization, prompts, budget, temperature) is held the same."""
+    quantization, prompts, budget, temperature) is held the same. packed: as ``comparisons``'."""
+    kernels = "; the linear layers: ours packed for oneDNN (model.kernels), transformers' as loaded" if packed else ""
+    return _differences(mine, other) + (kernels if mine.side == OURS and other.side != OURS else "")
+
+
+def _differences(mine: Method, other: Method) -> str:
     if mine.side == OURS and mine.config is not None and other.side == OURS:
         return f"speculative decoding ({mine.config.name} drafter) against none, in our engine"
     if mine.side == OURS and mine.config is not None:
@@ -462,7 +468,7 @@ def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any
                            for role, loaded in (("target", suite.target), ("draft_model", suite.draft))},  # fmt: skip
         "assisted_generation": assistant_settings(suite.peer_draft),
         "results": results,
-        "comparisons": comparisons(suite.methods, raw),
+        "comparisons": comparisons(suite.methods, raw, any(loaded.packed for loaded in (suite.target, suite.draft))),
         "analytic": analytic_model(suite.methods, costs, raw, results),
         "raw": {name: [[{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in repeat] for repeat in repeats]
                 for name, repeats in raw.items()},  # fmt: skip

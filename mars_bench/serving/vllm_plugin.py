@@ -24,14 +24,22 @@ logits divided by garbage.
 ``MARS_BENCH_VLLM_TRACE`` names a file each step appends one JSON line to (the requests' ids, drafts,
 verdicts), read back by the worker; ``MARS_BENCH_VLLM_DUMP`` a folder each step's inputs and both
 rules' outputs are saved to (tests).
+
+With fidelity on (``set_fidelity``), each step also traces, per request with drafts, what the live verifier
+and each shadow cost against the target at each drafted position (``decoding/fidelity.step_costs`` on the
+request's own step: vLLM's p, and q one-hot at the drafts), and the seconds they took. The seconds spent
+aside (shadows and fidelity) are traced per step, so that the worker can leave them out of every request's
+time, as our engine leaves them out of the method's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,7 @@ import torch
 
 from mars_bench.serving.install import TESTED_VLLM
 from mars_bench.verification import Verdict, Verifier, VerifyInput, get_verifier
+from mars_bench.verification.exact_first import requests_of
 from mars_bench.verification.sampling import SamplingParams
 
 ACCEPTANCE_PARAMETERS = (
@@ -87,6 +96,18 @@ def set_verifier(spec: dict[str, Any]) -> None:
 def set_shadows(specs: list[dict[str, Any]]) -> None:
     """The verifiers ``specs`` name that judge this process's next steps beside the live one."""
     installed_judge().shadows = [verifier_from_spec(spec) for spec in specs]
+
+
+def set_fidelity(on: bool) -> None:
+    """Whether this process's next steps trace each verifier's costs against the target (``fidelity=true``)."""
+    judge = installed_judge()
+    if on and judge.verifier is None:
+        raise RuntimeError("fidelity=true is not computed for vLLM's own rule: allowed with fidelity=true is a "
+                           "verifier of this package live (verifier=exact, rejection, mars, ...)")  # fmt: skip
+    if on:
+        # decoding/__init__ loads the engine (and transformers): done here, outside any step's time
+        import mars_bench.decoding.fidelity  # noqa: F401
+    judge.fidelity = on
 
 
 def vllm_step(
@@ -143,6 +164,7 @@ class StepJudge:
     dump: Path | None = None
     req_ids: list[str] = field(default_factory=list)  # the running batch's request ids, set before each step
     shadows: list[Verifier] = field(default_factory=list)  # judge each step's drafts beside the live rule, untimed aside
+    fidelity: bool = False  # trace each verifier's costs against the target (``costs``), untimed aside
     steps: int = 0
 
     def __call__(
@@ -170,7 +192,9 @@ class StepJudge:
             step = None
         else:
             step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs, greedy)
+        started = time.perf_counter()
         shadows = self.shadow_accepted(step, len(num_draft_tokens))
+        aside_s = time.perf_counter() - started
         if self.verifier is None:
             out = self.builtin(*args, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel)
             rows = out.tolist()
@@ -189,7 +213,10 @@ class StepJudge:
                     "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts],
                     "margins": [[m if math.isfinite(m) else None for m in verdict.decisions.margin.tolist()]
                                 for verdict in verdicts]}  # fmt: skip
-        self.write({"drafted": list(num_draft_tokens), **line, "shadow_accepted": shadows})
+        count = len(num_draft_tokens)
+        costs, fidelity_s = self.costs(step, verdicts, shadows) if self.fidelity else ([None] * count, [0.0] * count)
+        self.write({"drafted": list(num_draft_tokens), **line, "shadow_accepted": shadows, "fidelity": costs,
+                    "fidelity_s": fidelity_s, "aside_s": aside_s + sum(fidelity_s)})  # fmt: skip
         self.steps += 1
         return out
 
@@ -203,6 +230,25 @@ class StepJudge:
             stream = torch.Generator(device=step.target_logits.device).manual_seed(self.steps * 1_000 + offset)
             kept.append([verdict.accepted_len for verdict in shadow.verify_batch(step, generator=stream)])
         return [list(per_request) for per_request in zip(*kept)]
+
+    def costs(self, step: VerifyInput, verdicts: list[Verdict], shadows: list[list[int]]) -> tuple[list[Any], list[float]]:
+        """Per request: the costs of the live verifier, then each shadow (``PositionCosts`` as dicts: lists of
+        its drafted positions' values), None where it has no drafts; and the seconds that took. Each request is
+        judged on its own step (a chain: its drafts' rows of ``step``), with the drafts each rule kept."""
+        from mars_bench.decoding.fidelity import step_costs
+
+        verifiers = [self.verifier, *self.shadows]
+        costs, seconds = [], []
+        for own, verdict, kept in zip(requests_of(step), verdicts, shadows):
+            started = time.perf_counter()
+            found = None
+            if own.num_drafts:
+                path = list(range(verdict.accepted_len))  # a chain's kept nodes
+                found = [dataclasses.asdict(cost) for cost in
+                         step_costs(verifiers, own, [verdict.accepted_len, *kept], path, chain=True)]  # fmt: skip
+            costs.append(found)
+            seconds.append(time.perf_counter() - started)
+        return costs, seconds
 
     def write(self, line: dict[str, Any]) -> None:
         """One JSON line: per request of the step (its id first), what the step did."""

@@ -7,8 +7,9 @@ its standard input, with one JSON line each on the descriptor its parent passed 
 everything vLLM prints goes to standard error.
 
 Messages: ``{"op": "load", ...LoadSpec}`` -> ``{"ok": true, "vllm": version, "load_s": s}``;
-``{"op": "generate", ...}`` -> per request its tokens, finish reason, engine timestamps and the
-plugin's trace of its steps, plus the spec-decode counters' change; ``{"op": "verifier", "verifier":
+``{"op": "generate", ...}`` -> per request its tokens, finish reason, engine timestamps, the seconds
+the plugin spent aside while it was in flight (shadows, fidelity: ``aside_s``) and the plugin's trace of
+its steps, plus the spec-decode counters' change; ``{"op": "verifier", "verifier":
 {"name": ..., "settings": ...}}`` -> another rule judges the next steps (name null: vLLM's own);
 ``{"op": "close"}``. A failure
 answers ``{"error": "one line"}``.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")  # vllm:spec_decode_<name>
+STEP_FIELDS = ("drafted", "accepted", "relaxed", "next", "reasons", "margins", "shadow_accepted", "fidelity", "fidelity_s")
 
 
 def spec_counters(llm: Any) -> dict[str, Any]:
@@ -59,15 +61,32 @@ def read_trace(path: Path | None, start: int) -> tuple[list[dict[str, Any]], int
         return [json.loads(line) for line in text.splitlines() if line], start + len(text.encode())
 
 
+def request_key(req_id: str) -> str:
+    """vLLM's request id without its engine suffix (the id its output carries)."""
+    return req_id.rsplit("-", 1)[0]
+
+
 def steps_by_request(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Each request's steps (by vLLM's request id, without its engine suffix), in order."""
+    """Each request's steps (by ``request_key``), in order."""
     steps: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
         for b, req_id in enumerate(line["req_ids"]):
-            steps.setdefault(req_id.rsplit("-", 1)[0], []).append(
-                {key: line[key][b] for key in ("drafted", "accepted", "relaxed", "next", "reasons", "margins", "shadow_accepted")}
-            )
+            steps.setdefault(request_key(req_id), []).append({key: line[key][b] for key in STEP_FIELDS})
     return steps
+
+
+def aside_by_request(lines: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per request (by ``request_key``), the seconds the plugin spent aside (``aside_s``: shadows, fidelity)
+    up to and including its first step, and after it up to its last: a step's aside pauses every request in
+    flight, and every request of a ``generate`` call arrives at its start, so these are the seconds to leave
+    out of its prefill and of its decode."""
+    elapsed, first, last = 0.0, {}, {}
+    for line in lines:
+        elapsed += line["aside_s"]
+        for req_id in line["req_ids"]:
+            first.setdefault(request_key(req_id), elapsed)
+            last[request_key(req_id)] = elapsed
+    return {key: (first[key], last[key] - first[key]) for key in first}
 
 
 class Worker:
@@ -121,15 +140,19 @@ class Worker:
         ]  # fmt: skip
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in message["prompts"]]
         if self.speculative and os.environ.get("MARS_BENCH_VLLM_VERIFIER"):
-            from mars_bench.serving.vllm_plugin import set_shadows
+            from mars_bench.serving.vllm_plugin import set_fidelity, set_shadows
 
             set_shadows(message.get("shadows", []))
+            set_fidelity(bool(message.get("fidelity", False)))
+        elif message.get("fidelity"):
+            raise RuntimeError("fidelity=true needs drafts judged by the plugin: this worker runs vLLM without "
+                               "speculation or without a verifier of this package")  # fmt: skip
         before = spec_counters(self.llm) if self.speculative else None
         started = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - started
         lines, self.trace_end = read_trace(self.trace, self.trace_end)
-        steps = steps_by_request(lines)
+        steps, aside = steps_by_request(lines), aside_by_request(lines)
         results = []
         for output in outputs:
             stats = output.metrics
@@ -138,7 +161,7 @@ class Worker:
                 "finish": output.outputs[0].finish_reason,
                 "scheduled": stats.scheduled_ts, "first_token": stats.first_token_ts,
                 "last_token": stats.last_token_ts, "queued": stats.queued_ts,
-                "steps": steps.get(output.request_id, []),
+                "aside_s": aside.get(output.request_id, (0.0, 0.0)), "steps": steps.get(output.request_id, []),
             })  # fmt: skip
         change = counters_change(before, spec_counters(self.llm)) if before is not None else None
         return {"results": results, "wall_s": wall, "counters": change}
