@@ -77,7 +77,10 @@ def test_kernels_settings_are_checked_in_one_line():
         check_kernels("fast")
     model = tiny_model("llama", seed=0)
     assert use_kernels(model, "stock") is None and not packed_weights(model)
-    assert use_kernels(model, "auto").layers == 4 * 7 + 1
+    assert use_kernels(model, "auto") is None and not packed_weights(model)  # float32: auto leaves it stock
+    assert use_kernels(model, "onednn").layers == 4 * 7 + 1
+    if onednn_runs(torch.bfloat16):
+        assert use_kernels(tiny_model("llama", seed=0).to(torch.bfloat16), "auto").layers == 4 * 7 + 1
     with pytest.raises(ValueError, match="model.kernels='onednn' found no linear layer it can pack"):
         use_kernels(torch.nn.Sequential(torch.nn.ReLU()), "onednn")
     assert use_kernels(torch.nn.Sequential(torch.nn.ReLU()), "auto") is None
@@ -95,23 +98,26 @@ def test_a_run_with_unknown_kernels_is_refused_before_loading(tmp_path):
 
 @pytest.mark.slow
 def test_packed_forwards_give_the_tokens_of_transformers_generate_on_a_stock_load(smollm):
-    """SmolLM2-135M in fp32: our AR baseline on the packed load against ``generate`` on a model loaded as a
-    transformers user loads it, on the first committed HumanEval and MT-bench questions."""
+    """SmolLM2-135M in fp32: our AR baseline on packed layers (``model.kernels=onednn``) against ``generate`` on a
+    model loaded as a transformers user loads it, on the first committed HumanEval and MT-bench questions."""
     from mars_bench.models.loading import stop_token_ids
     from mars_bench.perf.peer import load_peer, peer_generate, peer_generation_config
     from mars_bench.perf.suite import first_turn_prompts
 
-    assert smollm.packed is not None and smollm.packed.layers > 0  # the fixture's load packed (model.kernels=auto)
+    assert smollm.packed is None  # model.kernels=auto leaves float32 stock: model.kernels=onednn packs it
     stock = load_peer(smollm.resolved.path, "float32")
-    assert not packed_weights(stock)
     stops = stop_token_ids(smollm)
     data = str(SHARED_DATA) if SHARED_DATA.is_dir() else None  # else the pinned registry packages
     prompts = [*first_turn_prompts(smollm.tokenizer, "humaneval", 1, data),
                *first_turn_prompts(smollm.tokenizer, "mt_bench", 1, data)]  # fmt: skip
     config = peer_generation_config(32, 0.0, stops, stops[0])
-    for prompt in prompts:
-        ours = decode(smollm.model, None, None, prompt, max_new_tokens=32, stop_token_ids=stops).tokens
-        assert ours == peer_generate(stock, prompt, config)
+    assert use_kernels(smollm.model, "onednn").layers > 0 and not packed_weights(stock)
+    try:
+        for prompt in prompts:
+            ours = decode(smollm.model, None, None, prompt, max_new_tokens=32, stop_token_ids=stops).tokens
+            assert ours == peer_generate(stock, prompt, config)
+    finally:
+        unpack_linears(smollm.model)  # the fixture is shared
 
 
 def test_a_copy_sharing_the_packed_weights_keeps_computing():
