@@ -60,7 +60,8 @@ DESCRIPTIONS = {
     "1 - TV(q, p) + sqrt(KL / 2).",
     "batching": "per task, rule and batch size B: the throughput speedup over the baseline at the same B (all rows' new "
     "tokens over the batches' wall time), the per-request latency speedup, tau, the peak memory, the speedup over the "
-    "strict rule at the same B; with the forward costs of `python -m mars_bench.perf.batch_costs` beside the records, "
+    "strict rule at the same B; with the forward costs of `python -m mars_bench.perf.batch_costs` beside the records "
+    "(this package's engine) or the serving engine's own step times in them (backend=vllm; the costs column says which), "
     "the cost model's predicted speedup and measured / predicted (batching_model: the model's speedup at every timed B "
     "and the crossover, the smallest B where it falls below 1); batching_shadows: each shadow rule's tokens per step "
     "on the live rule's drafts over the live rule's; the figure draws them against B.",
@@ -206,9 +207,11 @@ def write_batching(frame: pd.DataFrame, report: Report, costs: batching.BatchCos
     """The batching table, the cost model's extrapolation (with costs), the shadows' gains and the figure."""
     table = batching.batching_table(frame, costs, include_disturbed)
     names = report.table("batching", table, BATCHING_FORMATS)
-    model = batching.extrapolated(frame, costs) if costs is not None else None
-    if model is not None:
+    try:
+        model = batching.extrapolated(frame, costs)
         names += report.table("batching_model", model, BATCHING_FORMATS)
+    except NotEnoughData:  # no costs for any rows: neither batch_costs.json nor an engine's own steps
+        model = None
     try:
         gains = batching.shadow_gains(frame)
         names += report.table("batching_shadows", gains, BATCHING_FORMATS)

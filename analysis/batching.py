@@ -12,11 +12,14 @@ batched forward of B rows x width tokens, timed in isolation) the model gives ea
 - an autoregressive step: one target forward of ``b`` rows x 1 token.
 
 Everything else (verification, sampling, cache bookkeeping) is left out, so a measured speedup below
-the prediction shows what that costs. Predicted and measured speedups are throughput ratios: all
-rows' new tokens over the batches' time, method against its baseline at the same B; the prefill of
-both sides is taken as measured. The same model, fed the recorded steps of every row of a task and
-rule (acceptance does not depend on B) in batches of each timed B, extrapolates the speedup to
-batch sizes not run and gives the batch size where speculative decoding stops paying.
+the prediction shows what that costs. Those forward costs are this package's engine's; rows another
+backend ran are priced by that engine's own step times where its records carry them
+(``engine_step_costs``: vLLM's whole steps, drafting and verification inside), and not at all where
+not. Predicted and measured speedups are throughput ratios: all rows' new tokens over the batches'
+time, method against its baseline at the same B; the prefill of both sides is taken as measured. The
+same model, fed the recorded steps of every row of a task and rule (acceptance does not depend on B) in
+batches of each timed B, extrapolates the speedup to batch sizes not run and gives the batch size where
+speculative decoding stops paying.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mars_bench.bench.records import BASELINE
+from mars_bench.bench.records import BASELINE, EARLIER_BACKEND
 from mars_bench.bench.stats import percentile_ci
 from mars_bench.bench.summary import finished
 from mars_bench.common.strict_rule import strict_verifier
@@ -81,6 +84,48 @@ class BatchCosts:
 
     def drafter_s(self, rows: int, width: int) -> float:
         return _grid_interpolate(self.drafter, rows, width)
+
+
+ENGINE_STEPS = "the engine's own steps (engine_step_s)"  # BatchCosts.source of costs read from a backend's steps
+OWN_ENGINE = EARLIER_BACKEND  # the backend whose forwards batch_costs.json times: this package's engine (it ran every older row)
+
+
+def engine_step_costs(frame: pd.DataFrame) -> dict[tuple[str, str], BatchCosts]:
+    """Per (model, backend) whose rows carry a serving engine's own timed steps (``engine_step_s``, with the
+    requests each served, ``engine_step_rows``): the cost model's step seconds read from them, as a table of
+    (requests served, tokens each request fed: its drafts + 1, 1 autoregressive) -> the median step. A step's
+    drafting is inside its time, so the drafter's table is zero. Sizes a width was not seen at are
+    interpolated along the sizes it was seen at (flat past either end); a (model, backend) seen at one width
+    only is left out (nothing to tell a draft's price from)."""
+    seen: dict[tuple[str, str], dict[tuple[int, int], list[float]]] = {}
+    for row in frame.itertuples():
+        seconds, served = list(row.engine_step_s), list(row.engine_step_rows)
+        if not seconds:
+            continue
+        drafted = list(row.step_drafted)
+        widths = [d + 1 for d in drafted] if len(drafted) == len(seconds) else [1] * len(seconds) if not drafted else []
+        for size, width, step_s in zip(served, widths, seconds):
+            seen.setdefault((row.model, row.backend), {}).setdefault((int(size), int(width)), []).append(float(step_s))
+    costs = {}
+    for key, steps in seen.items():
+        widths = sorted({width for _, width in steps})
+        if len(widths) < 2:
+            continue
+        sizes = sorted({size for size, _ in steps})
+        table: dict[str, dict[str, float]] = {str(size): {} for size in sizes}
+        for width in widths:
+            at = sorted((size, float(np.median(values))) for (size, w), values in steps.items() if w == width)
+            for size in sizes:
+                table[str(size)][str(width)] = float(np.interp(size, [s for s, _ in at], [v for _, v in at]))
+        zero = {size: dict.fromkeys(row, 0.0) for size, row in table.items()}
+        costs[key] = BatchCosts(table, zero, ENGINE_STEPS)
+    return costs
+
+
+def costs_of(model: str, backend: str, costs: BatchCosts | None, engine: dict[tuple[str, str], BatchCosts]) -> BatchCosts | None:
+    """What prices the rows ``backend`` ran for ``model``: that engine's own steps where recorded, else
+    ``costs`` (``batch_costs.json``, timed in this package's engine) for this package's engine, else none."""
+    return engine.get((model, backend), costs if backend == OWN_ENGINE else None)
 
 
 def find_costs(folders: list[str | Path]) -> BatchCosts | None:
@@ -186,12 +231,14 @@ def batch_seconds(rows: pd.DataFrame) -> float:
 
 
 def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_disturbed: bool = False) -> pd.DataFrame:
-    """Per task, rule and batch size: the measured throughput and latency speedups over the baseline at
-    the same B, the modelled speedup and measured / modelled, tau, the in-run target forward seconds over
-    the modelled ones, the peak memory of the method's and the baseline's batches, and the speedup over
-    the strict rule's at the same task and B (``gain_over_strict``). A batch is timed as one decode, so
-    its rows are disturbed together: the speedups leave out the prompts of a disturbed batch, on both
-    sides (the same chunks of prompts), unless ``include_disturbed``; ``disturbed`` counts them."""
+    """Per task, rule and batch size: the measured throughput and latency speedups over the baseline at the same
+    B, the modelled speedup and measured / modelled (``costs_of``: with ``costs`` for this package's engine,
+    with a serving engine's own step times for its rows; ``costs`` names which), tau, the in-run target
+    forward seconds over the modelled ones (this package's engine), the peak memory of the method's and the
+    baseline's batches, and the speedup over the strict rule's at the same task and B (``gain_over_strict``).
+    A batch is timed as one decode, so its rows are disturbed together: the speedups leave out the prompts of
+    a disturbed batch, on both sides (the same chunks of prompts), unless ``include_disturbed``; ``disturbed``
+    counts them."""
     ok = finished(frame)
     if "batch_id" not in ok or "step_drafted" not in ok:
         raise NotEnoughData("no row carries its batch and steps (records of schema 9 on)")
@@ -199,6 +246,7 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
     if methods["batch_size"].nunique() < 2:
         raise NotEnoughData("the rows were decoded at one batch size (run experiment=batching, or batch_size=1,2,4,8)")
     bases = ok[ok["method"] == BASELINE].drop_duplicates(["run_dir", "question_id", "turn", "batch_size", "cell"])
+    engine = engine_step_costs(ok)
     out = []
     for (model, task, temperature, label, size), rows in methods.groupby([*KEYS, "batch_size"], sort=True):
         prompts = rows[["question_id", "turn"]].drop_duplicates()
@@ -225,13 +273,15 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
                  **dict(zip(("tau_ci_low", "tau_ci_high"), tau_ci(rows))),
                  "peak_memory_mb": rows["peak_memory_mb"].max() if "peak_memory_mb" in rows else np.nan,
                  "peak_memory_base_mb": base["peak_memory_mb"].max() if "peak_memory_mb" in base else np.nan}  # fmt: skip
-        if costs is not None:
-            mine, theirs = modelled(rows, costs), modelled(base, costs)
+        priced = costs_of(model, rows["backend"].iloc[0], costs, engine)
+        if priced is not None:
+            mine, theirs = modelled(rows, priced), modelled(base, priced)
             predicted = (tokens / mine.seconds) / (base_tokens / theirs.seconds)
+            own = priced.source != ENGINE_STEPS  # a serving engine's steps hold no forward of their own to compare
             entry |= {"predicted_speedup": predicted, "measured_over_predicted": measured / predicted,
                       "predicted_latency_speedup": theirs.latency_s / mine.latency_s,
-                      "target_in_run_over_model": in_run_target_s(rows) / mine.target_s if mine.target_s else np.nan,
-                      "modelled_step_s": mine.steps_s}  # fmt: skip
+                      "target_in_run_over_model": in_run_target_s(rows) / mine.target_s if own and mine.target_s else np.nan,
+                      "modelled_step_s": mine.steps_s, "costs": "batch_costs.json" if own else ENGINE_STEPS}  # fmt: skip
         out.append(entry)
     table = pd.DataFrame(out)
     if table.empty:
@@ -256,41 +306,48 @@ def rule_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return methods.assign(label=varying_labels(methods["verifier"], settings))
 
 
-def extrapolated(frame: pd.DataFrame, costs: BatchCosts, seed: int = 0) -> pd.DataFrame:
+def extrapolated(frame: pd.DataFrame, costs: BatchCosts | None, seed: int = 0) -> pd.DataFrame:
     """Per task and rule, the modelled throughput speedup at every batch size the costs were timed at: the
     recorded rows of every B, shuffled once, in batches of B (acceptance does not depend on B), against
     their baselines' rows in the same batches; and ``crossover``, the smallest such B whose modelled
     speedup is below 1 (NaN where none is). A batch's prefill is its rows' shares of their own batches'
-    measured prefills (a prefill is compute-bound: its time grows with the batch's prompt tokens)."""
+    measured prefills (a prefill is compute-bound: its time grows with the batch's prompt tokens). Rows are
+    priced as in ``batching_table`` (``costs_of``), at the batch sizes their costs hold."""
     ok = finished(frame)
     methods = rule_rows(frame)
     bases = ok[ok["method"] == BASELINE]
+    engine = engine_step_costs(ok)
     out = []
     for (model, task, temperature, label), rows in methods.groupby(KEYS, sort=True):
+        priced = costs_of(model, rows["backend"].iloc[0], costs, engine)
+        if priced is None:
+            continue
         columns = ["run_dir", "cell", "question_id", "turn", "batch_size", "new_tokens", "prefill_s", "batch_rows"]
         paired = rows.merge(bases[columns], on=columns[:5], suffixes=("", "_base"))
         if paired.empty:
             continue
         order = list(range(len(paired)))
         random.Random(seed).shuffle(order)
-        for size in costs.batch_sizes:
+        for size in priced.batch_sizes:
             batches = [order[start : start + size] for start in range(0, len(order) - size + 1, size)]
             if not batches:
                 continue
             spec = base = 0.0
             for batch in batches:
                 picked = paired.iloc[batch]
-                spec += modelled_steps_s([row_steps(row) for _, row in picked.iterrows()], costs)
-                base += modelled_steps_s([ar_steps(n) for n in picked["new_tokens_base"]], costs)
+                spec += modelled_steps_s([row_steps(row) for _, row in picked.iterrows()], priced)
+                base += modelled_steps_s([ar_steps(n) for n in picked["new_tokens_base"]], priced)
                 spec += float((picked["prefill_s"] / picked["batch_rows"]).sum())
                 base += float((picked["prefill_s_base"] / picked["batch_rows_base"]).sum())
             used = paired.iloc[[index for batch in batches for index in batch]]
             speedup = (used["new_tokens"].sum() / spec) / (used["new_tokens_base"].sum() / base)
             out.append({"model": model, "task": task, "temperature": temperature, "rule": label, "batch_size": size,
-                        "batches": len(batches), "modelled_speedup": speedup})  # fmt: skip
+                        "batches": len(batches), "modelled_speedup": speedup,
+                        "costs": "batch_costs.json" if priced.source != ENGINE_STEPS else ENGINE_STEPS})  # fmt: skip
     table = pd.DataFrame(out)
     if table.empty:
-        raise NotEnoughData("no method rows pair with a baseline row")
+        raise NotEnoughData("no method rows pair with a baseline row and have costs (batch_costs.json, or their engine's "
+                            "own steps)")
     below = table[table["modelled_speedup"] < 1].groupby(RULE_KEYS)["batch_size"].min().rename("crossover")
     return table.merge(below.astype(float), on=RULE_KEYS, how="left")
 

@@ -33,7 +33,7 @@ OPTIONAL = {"temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "rel
             "kernels": EARLIER_KERNELS}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
 PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted", "step_drafted",
-                "step_draft_s", "step_target_s")
+                "step_draft_s", "step_target_s", "engine_step_s", "engine_step_rows")
 
 
 class NoRecordsError(ValueError):

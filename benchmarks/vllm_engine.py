@@ -1,9 +1,10 @@
 """vLLM's engine against ours, and our verifier inside vLLM against vLLM's own rule, on the same prompts.
 
     python benchmarks/vllm_engine.py [--num-prompts 8] [--max-new-tokens 64] [--concurrency 1 8] [--repeats 2]
-        [--ours-kernels auto stock] [--no-spec] [--generate] [--out DIR]
+        [--ours-kernels auto stock] [--no-spec] [--generate] [--dtype bfloat16] [--out DIR]
 
-The embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft model), bf16, greedy, HumanEval first turns.
+The embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft model), bf16 unless ``--dtype``, greedy, HumanEval
+first turns (both engines, and ``generate``, in the same dtype).
 Per concurrency c (the requests vLLM serves at once: one ``generate`` call with every prompt and
 ``max_num_seqs`` = c, so a finished request's slot goes to a waiting one):
 
@@ -51,11 +52,11 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def worker(label: str, concurrency: int, gamma: int | None, folder: Path) -> VllmWorker:
+def worker(label: str, concurrency: int, gamma: int | None, folder: Path, dtype: str = "bfloat16") -> VllmWorker:
     speculative = None if gamma is None else {"method": "draft_model", "model": str(resolve_model(DRAFT).path),
                                               "num_speculative_tokens": gamma}  # fmt: skip
     started = VllmWorker(vllm_python(), None if gamma is None else {"name": None}, folder, label)
-    started.ask({"op": "load", "model": str(resolve_model(TARGET).path), "dtype": "bfloat16", "seed": 0,
+    started.ask({"op": "load", "model": str(resolve_model(TARGET).path), "dtype": dtype, "seed": 0,
                  "max_model_len": 4096, "max_num_seqs": concurrency, "speculative_config": speculative})  # fmt: skip
     return started
 
@@ -69,9 +70,10 @@ def vllm_run(engine: VllmWorker, prompts: list[list[int]], max_new_tokens: int, 
             "tau": (sum(s["accepted"] + 1 for s in steps) / len(steps)) if steps else None}  # fmt: skip
 
 
-def generate_run(target: Any, prompts: list[list[int]], max_new_tokens: int, stops: list[int]) -> dict[str, Any]:
+def generate_run(target: Any, prompts: list[list[int]], max_new_tokens: int, stops: list[int],
+                 dtype: str = "bfloat16") -> dict[str, Any]:  # fmt: skip
     """transformers' ``generate``, greedy, one prompt at a time, on the target loaded as its users load it."""
-    stock = load_peer(target.resolved.path, "bfloat16")
+    stock = load_peer(target.resolved.path, dtype)
     config = peer_generation_config(max_new_tokens, 0.0, stops, stops[0])
     peer_generate(stock, prompts[0], peer_generation_config(8, 0.0, stops, stops[0]))  # warm-up
     started = time.perf_counter()
@@ -93,12 +95,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="time vLLM's speculation (its rule and our exact through the plugin)")
     parser.add_argument("--generate", action=argparse.BooleanOptionalAction, default=False,
                         help="time transformers' generate too (at concurrency 1, a stock load of the target)")
+    parser.add_argument("--dtype", default="bfloat16", help="of every model: float32 on a CPU without native bf16")
     parser.add_argument("--out", type=Path, default=Path("vllm_engine_out"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     kernel_runs = args.ours_kernels if args.ours else []
-    targets = {kernels: load_model(TARGET, dtype="bfloat16", kernels=kernels) for kernels in kernel_runs}
-    first = next(iter(targets.values())) if targets else load_model(TARGET, dtype="bfloat16", kernels="stock")
+    targets = {kernels: load_model(TARGET, dtype=args.dtype, kernels=kernels) for kernels in kernel_runs}
+    first = next(iter(targets.values())) if targets else load_model(TARGET, dtype=args.dtype, kernels="stock")
     stops = stop_token_ids(first)
     prompts = first_turn_prompts(first.tokenizer, "humaneval", args.num_prompts)
     rows: list[dict[str, Any]] = []
@@ -112,13 +115,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(row), flush=True)
 
     for concurrency in args.concurrency:
-        ar = worker(f"ar{concurrency}", concurrency, None, folder)
+        ar = worker(f"ar{concurrency}", concurrency, None, folder, args.dtype)
         vllm_run(ar, prompts[:1], 8, stops)  # warm-up
         reference = vllm_run(ar, prompts, args.max_new_tokens, stops)
         add("vllm_ar", concurrency, reference, None)
         ar.close()
         if args.spec:
-            spec = worker(f"spec{concurrency}", concurrency, args.gamma, folder)
+            spec = worker(f"spec{concurrency}", concurrency, args.gamma, folder, args.dtype)
             vllm_run(spec, prompts[:1], 8, stops)
             for _ in range(args.repeats):
                 for name, rule in (("vllm_builtin", None), ("vllm_plugin_exact", "exact")):
@@ -136,9 +139,12 @@ def main(argv: list[str] | None = None) -> None:
             ours = {"seconds": time.perf_counter() - started, "new_tokens": sum(map(len, tokens)), "tokens": tokens}
             add(f"ours_ar_{kernels}", concurrency, ours, reference["tokens"])
         if args.generate and concurrency == 1:
-            add("transformers_generate", 1, generate_run(first, prompts, args.max_new_tokens, stops), reference["tokens"])
+            generated = generate_run(first, prompts, args.max_new_tokens, stops, args.dtype)
+            add("transformers_generate", 1, generated, reference["tokens"])
     report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
-              "prompts": len(prompts), "rows": rows}  # fmt: skip
+              "prompts": len(prompts), "rows": rows,
+              "ours_packed": {kernels: target.packed.describe() if target.packed else None
+                              for kernels, target in targets.items()}}  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"cpu: {report['cpu']}; written {args.out / 'results.json'}")
 

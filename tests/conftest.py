@@ -511,7 +511,7 @@ def tiny_target() -> Path:
 # A record's fields that time its decode or say what else ran meanwhile: two runs of the same seeds agree on all others.
 TIMES = {"prefill_s", "decode_s", "draft_s", "target_s", "verify_s", "bookkeeping_s", "tokens_per_s", "batch_s", "finish_s",
          "step_draft_s", "step_target_s", "other_cpu_s", "other_load", "other_gpu_util", "peak_memory_mb", "disturbed",
-         "retimed"}  # fmt: skip
+         "retimed", "engine_step_s"}  # fmt: skip
 
 
 def without_times(row: dict) -> dict:
@@ -576,3 +576,11 @@ def is_quantized(layer: torch.nn.Module) -> bool:
     from mars_bench.drafting.draft_weights import Int8Linear
 
     return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)
+
+
+def fake_python(tmp_path: Path, version: str) -> Path:
+    """An executable that answers the version probe as a Python with vLLM ``version`` would."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.chmod(0o755)
+    return path

@@ -11,8 +11,10 @@ import pytest
 
 from mars_bench.analysis.__main__ import main
 from mars_bench.analysis.batching import (
+    ENGINE_STEPS,
     BatchCosts,
     batching_table,
+    engine_step_costs,
     extrapolated,
     find_costs,
     modelled_finish_s,
@@ -154,3 +156,43 @@ def test_the_command_writes_the_batching_table_model_and_figure_with_the_costs_b
     for name in ("batching.md", "batching.csv", "batching_model.md", "batching.png"):
         assert f"[{name}]({name})" in index
     assert "predicted_speedup" in (tmp_path / "out" / "batching.md").read_text()
+
+
+def served_by_vllm(row: dict, step_s: float | None) -> dict:
+    """``row`` as backend=vllm writes it: with vLLM's engine steps after the prefill (each ``step_s`` seconds,
+    serving the row's batch size) where ``step_s`` is given."""
+    steps = len(row["step_drafted"]) if step_s is not None else 0
+    return {**row, "backend": "vllm", "schema_version": 13, "step_target_s": [0.0] * len(row["step_drafted"]),
+            "engine_step_s": [step_s] * steps, "engine_step_rows": [row["batch_size"]] * steps}  # fmt: skip
+
+
+def vllm_sweep(folder, with_steps: bool = True):
+    """The ``sweep`` fixture's rejection cells as vLLM served them: a step of B requests takes 0.1 + 0.1 B s
+    autoregressive, 0.3 + 0.1 B s with 2 drafts."""
+    for size in (1, 2):
+        batch = 0 if size == 2 else None
+        ids = {q: q if batch is None else batch for q in (0, 1)}
+        rows = [served_by_vllm(ar(q, size, ids[q], 4.0 + size - 1, 5), 0.1 + 0.1 * size if with_steps else None)
+                for q in (0, 1)]  # fmt: skip
+        rows += [served_by_vllm(record(q, "rejection", size, ids[q], 2.0 * size, 5, [2, 2], [2 - q, q]),
+                                0.3 + 0.1 * size if with_steps else None) for q in (0, 1)]  # fmt: skip
+        write_cell(folder / f"rejection_{size}", rows)
+    return folder
+
+
+def test_vllms_rows_are_priced_by_its_own_step_times_and_never_by_this_engines_forward_costs(tmp_path):
+    frame = gather([vllm_sweep(tmp_path / "vllm")])
+    (priced,) = engine_step_costs(frame).values()
+    assert priced.source == ENGINE_STEPS and priced.batch_sizes == [1, 2]
+    assert priced.target_s(2, 1) == pytest.approx(0.3) and priced.target_s(1, 3) == pytest.approx(0.4)
+    assert priced.drafter_s(2, 3) == 0.0  # vLLM drafts inside its step
+    row = batching_table(frame, costs()).set_index("batch_size").loc[2]  # costs(): this engine's, not used for vLLM's rows
+    ar_s, spec_s = 0.5 + 4 * 0.3, 0.5 + 2 * 0.5  # the measured prefill, then the steps of two rows
+    assert row["predicted_speedup"] == pytest.approx(ar_s / spec_s) and row["costs"] == ENGINE_STEPS
+    assert row["target_in_run_over_model"] != row["target_in_run_over_model"]  # NaN: vLLM's steps hold no forward of ours
+    model = extrapolated(frame, costs()).set_index("batch_size")
+    assert list(model.index) == [1, 2] and (model["costs"] == ENGINE_STEPS).all()
+    unpriced = batching_table(gather([vllm_sweep(tmp_path / "old", with_steps=False)]), costs())
+    assert "predicted_speedup" not in unpriced  # vLLM rows without their steps: this engine's costs would be wrong
+    with pytest.raises(NotEnoughData, match="have costs"):
+        extrapolated(gather([tmp_path / "old"]), costs())

@@ -13,7 +13,7 @@ from conftest import SHARED_DATA, tiny_model
 from mars_bench import build_drafter, decode
 from mars_bench.common.kernels import check_kernels
 from mars_bench.drafting.draft_weights import quantized_draft_model
-from mars_bench.models.cpu_linear import onednn_runs, pack_linears, packed_weights, unpack_linears, use_kernels
+from mars_bench.models.cpu_linear import auto_dtypes, onednn_runs, pack_linears, packed_weights, unpack_linears, use_kernels
 
 pytestmark = pytest.mark.skipif(not onednn_runs(torch.float32), reason="oneDNN is not built into this torch")
 PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3]]
@@ -77,8 +77,11 @@ def test_kernels_settings_are_checked_in_one_line():
         check_kernels("fast")
     model = tiny_model("llama", seed=0)
     assert use_kernels(model, "stock") is None and not packed_weights(model)
-    assert use_kernels(model, "auto") is None and not packed_weights(model)  # float32: auto leaves it stock
+    auto = use_kernels(model, "auto")  # float32: packed where the CPU lacks native bf16 (there it runs float32), else stock
+    assert (auto.layers if auto else 0) == (4 * 7 + 1 if torch.float32 in auto_dtypes() else 0)
+    unpack_linears(model)
     assert use_kernels(model, "onednn").layers == 4 * 7 + 1
+    assert auto_dtypes() == ((torch.bfloat16,) if onednn_runs(torch.bfloat16) else (torch.float32,))
     if onednn_runs(torch.bfloat16):
         assert use_kernels(tiny_model("llama", seed=0).to(torch.bfloat16), "auto").layers == 4 * 7 + 1
     with pytest.raises(ValueError, match="model.kernels='onednn' found no linear layer it can pack"):
@@ -104,20 +107,24 @@ def test_packed_forwards_give_the_tokens_of_transformers_generate_on_a_stock_loa
     from mars_bench.perf.peer import load_peer, peer_generate, peer_generation_config
     from mars_bench.perf.suite import first_turn_prompts
 
-    assert smollm.packed is None  # model.kernels=auto leaves float32 stock: model.kernels=onednn packs it
+    auto_packed = smollm.packed is not None  # model.kernels=auto packs float32 only where the CPU lacks native bf16
+    assert auto_packed == (torch.float32 in auto_dtypes())
     stock = load_peer(smollm.resolved.path, "float32")
     stops = stop_token_ids(smollm)
     data = str(SHARED_DATA) if SHARED_DATA.is_dir() else None  # else the pinned registry packages
     prompts = [*first_turn_prompts(smollm.tokenizer, "humaneval", 1, data),
                *first_turn_prompts(smollm.tokenizer, "mt_bench", 1, data)]  # fmt: skip
     config = peer_generation_config(32, 0.0, stops, stops[0])
-    assert use_kernels(smollm.model, "onednn").layers > 0 and not packed_weights(stock)
+    if not auto_packed:
+        assert use_kernels(smollm.model, "onednn").layers > 0
+    assert packed_weights(smollm.model) and not packed_weights(stock)
     try:
         for prompt in prompts:
             ours = decode(smollm.model, None, None, prompt, max_new_tokens=32, stop_token_ids=stops).tokens
             assert ours == peer_generate(stock, prompt, config)
     finally:
-        unpack_linears(smollm.model)  # the fixture is shared
+        if not auto_packed:
+            unpack_linears(smollm.model)  # the fixture is shared: as it was loaded
 
 
 def test_a_copy_sharing_the_packed_weights_keeps_computing():

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import SHARED_DATA, python_m, tiny_model
+from conftest import SHARED_DATA, fake_python, python_m, tiny_model
 
 import mars_bench.perf.suite as suite_module
 from mars_bench.decoding import decode
@@ -46,7 +46,8 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--configs", "fixed:none:int4:2:x"], "--configs fixed:none:int4:2:x is invalid: allowed as guesses are integers >= 0"),
     (["--configs", "fixed:32768+chat"], "--configs fixed:32768+chat is invalid: allowed after K+ is context"),
     (["--configs", "fixed:none+context"], "drafter.context_vocab=true adds the context's tokens to drafter.draft_vocab"),
-    (["--peers", "vllm"], "--peers vllm is invalid: allowed are generate, assisted, assisted-like"),
+    (["--peers", "sglang"], "--peers sglang is invalid: allowed are generate, assisted, assisted-like, vllm, vllm-spec"),
+    (["--peers", "vllm-spec", "--temperatures", "1"], "--peers vllm-spec is timed greedy only: allowed with it are"),
     (["--min-confidence", "1.5"], "drafter.min_confidence=1.5 is invalid: allowed is a number in (0, 1)"),
     (["--draft-cost", "0"], "drafter.draft_cost=0.0 is invalid: allowed is a number > 0"),
     (["--configs", "schedule", "--gamma", "20"], "drafter.max_gamma=16 is invalid: allowed is an integer >= gamma (20)"),
@@ -252,3 +253,35 @@ def test_a_comparison_with_transformers_names_our_packed_linears_and_one_inside_
     assert kernels not in suite_module.differences(ours, ar, packed=True)
     assert kernels not in suite_module.differences(ours, assisted, packed=False)
     assert suite_module.differences(ours, assisted).startswith("the decoder: ours")
+
+
+def test_vllms_peers_without_the_tested_vllm_are_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    assert perf_main(["--peers", "generate", "vllm", "--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err
+    assert message.startswith("perf: error: --peers vllm needs vLLM, which ") and len(message.splitlines()) == 1
+    assert "install it with `python -m mars_bench.serving.install`" in message
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, "0.31.0")))
+    assert perf_main(["--peers", "vllm", "vllm-spec", "--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err
+    assert message.startswith("perf: error: vLLM 0.31.0 (at ") and "--peers vllm vllm-spec was tested with" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_vllms_peers_are_timed_greedy_and_compared_with_ours_naming_what_differs():
+    settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, peers=("vllm", "vllm-spec"),
+                            configurations=(DraftConfig("fixed"), DraftConfig("confidence", 32768, "int4")))  # fmt: skip
+    methods = suite_module.methods_for(settings)
+    ar, spec = "T=0 vllm AR", "T=0 vllm draft-model speculative decoding"
+    assert [m.name for m in methods if m.side == suite_module.VLLM] == [ar, spec]  # greedy only, at T=0 and T=1 alike
+    raw = {m.name: [[{"tokens": [1, 2, 3], "seconds": 1.0}]] for m in methods}
+    rows = {(row["method"], row["against"]): row["differs"] for row in suite_module.comparisons(methods, raw, True, 5)}
+    assert rows[("T=0 ours AR baseline", ar)].startswith("the engine: ours against vLLM's CPU engine (enforce_eager=True")
+    assert rows[("T=0 ours AR baseline", ar)].endswith("; the linear layers: ours packed for oneDNN (model.kernels), "
+                                                        "vLLM's its own (oneDNN, prepacked at load)")  # fmt: skip
+    assert rows[(spec, ar)].startswith("vLLM's draft-model speculative decoding (5 drafts a step, its own rule) against none")
+    like = rows[("T=0 ours chain exact, fixed", spec)]
+    assert "the decoder: ours (draft length fixed) against vLLM's (5 drafts every step)" in like and "draft weights" not in like
+    unlike = rows[("T=0 ours chain exact, confidence + vocab 32768 + int4 weights", spec)]
+    assert "the draft weights: ours int4, vLLM's as loaded (no counterpart)" in unlike and "32,768 tokens" in unlike
+    assert ("T=1 ours AR baseline", ar) not in rows

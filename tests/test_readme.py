@@ -32,7 +32,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, TINY_TARGET, load_script, needs_shared_data, python_m, run_config, sbatch_script, slurm_config
+from conftest import (
+    SHARED_DATA,
+    TINY_TARGET,
+    fake_python,
+    load_script,
+    needs_shared_data,
+    python_m,
+    run_config,
+    sbatch_script,
+    slurm_config,
+)
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -720,14 +730,11 @@ def test_every_command_a_results_folder_shows_is_a_shown_command_or_is_checked_h
     words = shlex.split(command)
     while "=" in words[0]:  # VAR=value prefixes (PYTHONPATH of the code measured)
         words.pop(0)
-    if words[:3] == ["python", "-m", "mars_bench"]:
-        if "backend=vllm" in words:  # composed as where vLLM is installed (its check reads the version only)
-            from mars_bench.serving.install import PYTHON_ENV, TESTED_VLLM
+    if {"backend=vllm", "vllm", "vllm-spec"} & set(words):  # checked as where vLLM is installed (its check reads the version)
+        from mars_bench.serving.install import PYTHON_ENV, TESTED_VLLM
 
-            fake = tmp_path / "python"
-            fake.write_text(f"#!/bin/sh\necho {TESTED_VLLM}\n")
-            fake.chmod(0o755)
-            monkeypatch.setenv(PYTHON_ENV, str(fake))
+        monkeypatch.setenv(PYTHON_ENV, str(fake_python(tmp_path, TESTED_VLLM)))
+    if words[:3] == ["python", "-m", "mars_bench"]:
         assert composed_cells(command)
     elif words[:3] == ["python", "-m", "mars_bench.perf"]:
         perf_options(words[3:])

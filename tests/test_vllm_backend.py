@@ -12,10 +12,12 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
-from conftest import app, run_config
+from conftest import SHARED_DATA, app, fake_python, python_m, run_config
 from scipy.stats import chi2_contingency
 
 from mars_bench.backends.vllm import decode_result
@@ -33,7 +35,7 @@ from mars_bench.serving.vllm_plugin import (
     set_fidelity,
     vllm_step,
 )
-from mars_bench.serving.vllm_worker import aside_by_request
+from mars_bench.serving.vllm_worker import EngineSteps, aside_by_request
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
@@ -223,6 +225,33 @@ def test_traced_costs_become_the_engines_step_records_and_time_aside_is_left_out
     assert (decoded.prefill_s, decoded.decode_s) == (pytest.approx(0.5), pytest.approx(1.5))
 
 
+def test_each_engine_step_is_timed_whole_and_given_to_every_request_it_served_less_its_aside():
+    class Scheduled:
+        def __init__(self, served):
+            self.num_scheduled_tokens = served
+
+    plans = iter([{"0-a": 9}, {"0-a": 4, "1-a": 7}, {}, {"1-a": 4}])  # 0's prefill, 0's step beside 1's prefill, idle, ...
+    clock = iter([0.0, 0.5, 1.0, 1.8, 2.0, 3.0, 3.25])  # an idle step reads the clock once
+    scheduler = SimpleNamespace(schedule=lambda: Scheduled(next(plans)))
+    core = SimpleNamespace(scheduler=scheduler)
+    core.step_fn = lambda: core.scheduler.schedule()
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(engine_core=core)))
+    steps = EngineSteps(llm)
+    with mock.patch("mars_bench.serving.vllm_worker.time.perf_counter", lambda: next(clock)):
+        for _ in range(4):
+            core.step_fn()
+    taken = steps.take()
+    assert taken == {"0": [(1, 0.5), (2, 0.8)], "1": [(2, 0.8), (1, 0.25)]} and steps.take() == {}  # the idle step: none
+    traced = [{"drafted": 0, "accepted": 0, "relaxed": 0, "next": 5, "reasons": [], "aside_s": 0.0},
+              {"drafted": 3, "accepted": 1, "relaxed": 0, "next": 7, "reasons": [0, 1], "aside_s": 0.3}]  # fmt: skip
+    result = {"tokens": [5, 1, 7], "finish": "length", "first_token": 1.5, "last_token": 3.5, "queued": 0.9,
+              "steps": traced, "engine_steps": taken["0"]}  # fmt: skip
+    decoded = decode_result(result, prompt_len=4, stops=())
+    assert decoded.engine_step_s == [pytest.approx(0.5)] and decoded.engine_step_rows == [2]  # after the prefill, less aside
+    ar = decode_result({**result, "steps": [], "engine_steps": taken["1"]}, prompt_len=4, stops=())
+    assert (ar.engine_step_s, ar.engine_step_rows) == ([0.25], [1])  # no trace (no speculation): the steps as timed
+
+
 def test_a_steps_time_aside_is_left_out_of_every_request_it_paused():
     lines = [{"req_ids": ["0-a", "1-a"], "aside_s": 0.5}, {"req_ids": ["0-a", "1-a"], "aside_s": 0.25},
              {"req_ids": ["1-a", "2-a"], "aside_s": 1.0}, {"req_ids": ["2-a"], "aside_s": 2.0}]  # fmt: skip
@@ -231,14 +260,6 @@ def test_a_steps_time_aside_is_left_out_of_every_request_it_paused():
 
 
 # --- refusals, before any model loads -----------------------------------------------------------
-
-
-def fake_python(tmp_path: Path, version: str) -> Path:
-    """An executable that answers the version probe as a Python with vLLM ``version`` would."""
-    path = tmp_path / "python"
-    path.write_text(f"#!/bin/sh\necho {version}\n")
-    path.chmod(0o755)
-    return path
 
 
 @pytest.mark.parametrize(
@@ -391,6 +412,17 @@ def test_the_trace_of_our_verdicts_matches_vllms_own_counters(spec_worker, promp
     drafting_steps = [step for r in ours for step in r.steps if step.drafted]
     assert sum(step.accepted + 1 for step in drafting_steps) / len(drafting_steps) == pytest.approx(vllm_length)
     assert sum(r.tau * r.verify_steps for r in ours) == sum(len(r.tokens) - 1 for r in ours)  # every token after the first
+    for result, decoded in zip(answer["results"], ours):  # vLLM's engine steps, timed whole: one per traced step
+        assert len(result["engine_steps"]) == len(result["steps"]) and len(decoded.engine_step_s) == decoded.verify_steps
+        assert all(seconds > 0 and 1 <= rows <= len(prompts) for rows, seconds in result["engine_steps"])
+
+
+@needs_vllm
+def test_each_autoregressive_token_is_one_timed_engine_step(ar_worker, prompts):
+    answer = generate(ar_worker, prompts, max_new_tokens=8)
+    for result in answer["results"]:
+        assert len(result["tokens"]) == len(result["engine_steps"]) == 8  # the prefill's token, then one a step
+        assert all(seconds > 0 and 1 <= rows <= len(prompts) for rows, seconds in result["engine_steps"])
 
 
 @needs_vllm
@@ -526,3 +558,26 @@ def test_a_trace_that_does_not_add_up_to_vllms_counters_is_refused():
     answer["counters"]["num_accepted_tokens"] = 3
     with pytest.raises(RuntimeError, match=r"differs from vLLM's spec-decode counters"):
         check_counters(answer)
+
+
+@needs_vllm
+def test_the_perf_suite_times_vllms_ar_and_its_speculative_decoding_beside_ours(tmp_path):
+    out = tmp_path / "perf"
+    result = python_m("mars_bench.perf", "--model", "smollm2-135m", "--draft-model", SMOLLM2, "--dtype", "float32",
+                      "--peers", "vllm", "vllm-spec", "--tasks", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "16",
+                      "--repeats", "1", "--temperatures", "0", "--gamma", "3", "--data-dir", str(SHARED_DATA),
+                      "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "perf.json").read_text())
+    ar, spec = report["results"]["T=0 vllm AR"], report["results"]["T=0 vllm draft-model speculative decoding"]
+    assert ar["tok_s"] > 0 and ar["forwards"] is None and spec["tau"] >= 1 and 0 < spec["drafts_per_step"] <= 3
+    assert report["vllm_loading"]["vllm-spec"]["speculative_config"]["num_speculative_tokens"] == 3
+    assert report["peer_loading"] is None  # no transformers method asked for: its models are not loaded
+    pairs = {(row["method"], row["against"]): row for row in report["comparisons"]}
+    assert set(pairs) == {("T=0 ours chain exact, fixed", "T=0 ours AR baseline"),
+                          ("T=0 ours chain exact, fixed", "T=0 vllm draft-model speculative decoding"),
+                          ("T=0 ours AR baseline", "T=0 vllm AR"),
+                          ("T=0 vllm draft-model speculative decoding", "T=0 vllm AR")}  # fmt: skip
+    assert pairs[("T=0 vllm draft-model speculative decoding", "T=0 vllm AR")]["identical"] == 1  # vLLM's greedy is lossless
+    loaded = f"vllm-spec: vLLM {TESTED_VLLM}, `LLM(dtype=float32, enforce_eager=True, max_num_seqs=1"
+    assert loaded in (out / "perf.md").read_text()

@@ -58,14 +58,19 @@ def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
     if kernels != DEFAULT_KERNELS:
         raise ValueError(f"model.kernels={kernels} chooses the linear layers of this package's engine; vLLM runs its own: "
                          "allowed with backend=vllm is model.kernels=auto")  # fmt: skip
+    check_vllm_installed("backend=vllm")
+
+
+def check_vllm_installed(asker: str) -> None:
+    """ValueError, in one line naming ``asker`` (what needs vLLM), unless vLLM's environment holds the tested vLLM."""
     python = vllm_python()
     version = installed_vllm(python)
     if version is None:
-        raise ValueError(f"backend=vllm needs vLLM, which {python} does not have: install it with `{COMMAND}` "
+        raise ValueError(f"{asker} needs vLLM, which {python} does not have: install it with `{COMMAND}` "
                          f"(or set {PYTHON_ENV} to a Python with vLLM {TESTED_VLLM} and mars_bench)")  # fmt: skip
     if version != TESTED_VLLM:
-        raise ValueError(f"vLLM {version} (at {python}) is not the tested one: backend=vllm replaces the acceptance "
-                         f"function of vLLM {TESTED_VLLM}")  # fmt: skip
+        raise ValueError(f"vLLM {version} (at {python}) is not the tested one: {asker} was tested with the engine and "
+                         f"acceptance function of vLLM {TESTED_VLLM}")  # fmt: skip
 
 
 def speculative_config(spec: MethodSpec, cfg: Any) -> dict[str, Any] | None:
@@ -154,7 +159,9 @@ def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...
     wait for a free slot included; decode: first to last token. So prefill + decode is when the request
     finished after the call began, as the batched engine's rows count it. The seconds the plugin spent aside
     meanwhile (shadows, fidelity: ``aside_s``, before and after the first token) are left out, as our engine
-    leaves them out of the method's time."""
+    leaves them out of the method's time. engine_step_s and engine_step_rows: each engine step that served the
+    request after its prefill (``vllm_worker.EngineSteps``), its seconds less the plugin's aside in it, and the
+    requests it served; a traced step is one engine step, so with speculation the two lists align."""
     steps = [step_record(step) for step in result["steps"][1:]]
     tokens = result["tokens"]
     emitted = len(tokens) - 1  # the prefill's token first; budgets and stops cut the last step's emission
@@ -166,9 +173,13 @@ def decode_result(result: dict[str, Any], prompt_len: int, stops: tuple[int, ...
     else:
         reason = "stop_token" if tokens and tokens[-1] in stops else "stop_string"
     prefill_aside, decode_aside = result.get("aside_s", (0.0, 0.0))
+    engine_steps, traced = result.get("engine_steps", [])[1:], result["steps"][1:]  # each after the prefill's
+    aside = [step.get("aside_s", 0.0) for step in traced] if traced and engine_steps else [0.0] * len(engine_steps)
     return DecodeResult(prompt_len, tokens, steps, prefill_s=max(result["first_token"] - result["queued"] - prefill_aside, 0.0),
                         decode_s=max(result["last_token"] - result["first_token"] - decode_aside, 0.0),
-                        stop_reason=reason)  # fmt: skip
+                        stop_reason=reason, engine_step_s=[max(seconds - away, 0.0) for (_, seconds), away in
+                                                           zip(engine_steps, aside, strict=True)],
+                        engine_step_rows=[rows for rows, _ in engine_steps])  # fmt: skip
 
 
 def check_counters(answer: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
-SCHEMA_VERSION = 12  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 13  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
@@ -35,6 +35,7 @@ SCHEMA_VERSION = 12  # 2: shadow_accepted, baseline_from, draft_length; 3: draft
 # 10: finished (the answer ended on a stop token or string, not at the token budget)
 # 11: backend (what ran the method: the engine of this package, transformers, or another backend)
 # 12: kernels (model.kernels: how the engine's linear layers computed on the CPU)
+# 13: engine_step_s, engine_step_rows (a serving engine's own steps: what the cost model reads for backend=vllm)
 SETTINGS_AS_FIELDS_UNTIL = 6  # the last schema whose rows carried verifier settings as fields (``legacy_setting_fields``)
 RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: no reader takes them for verifier settings
 
@@ -96,6 +97,10 @@ class Record:
     # seconds of each step's drafting and target forward; at batch B they are the batch's step, shared by its rows
     step_draft_s: list[float] = field(default_factory=list)
     step_target_s: list[float] = field(default_factory=list)
+    # backend=vllm: seconds of each of vLLM's engine steps that served the turn after its prefill (schedule, forward,
+    # verification, drafting: the whole step) and the requests each served; empty for this package's engine
+    engine_step_s: list[float] = field(default_factory=list)
+    engine_step_rows: list[int] = field(default_factory=list)
     shadow_accepted: dict[str, list[int]] = field(default_factory=dict)  # shadow verifier -> drafts kept per drafting step
     trigger_count: int | None = None  # verified positions where the verifier's own trigger fired; None: it has none
     # fidelity=true: per verifier label (the live one first, then each shadow), its costs summed over the

@@ -122,6 +122,8 @@ class RowBuilder:
             step_drafted=[step.drafted for step in result.steps],
             step_draft_s=[step.draft_s for step in result.steps],
             step_target_s=[step.target_s for step in result.steps],
+            engine_step_s=result.engine_step_s,
+            engine_step_rows=result.engine_step_rows,
             shadow_accepted=dict(zip(self.shadows, result.shadow_accepted(len(self.shadows)))) if method.judged else {},
             trigger_count=result.trigger_count,
             **self.fidelity_fields(method, result),

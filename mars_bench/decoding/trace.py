@@ -44,6 +44,10 @@ class DecodeResult:
     prefill_s: float
     decode_s: float
     stop_reason: str  # stop_token | stop_string | max_new_tokens
+    # a serving engine's own steps that served this prompt after its prefill (backend=vllm; empty for this
+    # package's engine, whose steps are timed by phase): each one's wall seconds and the requests it served
+    engine_step_s: list[float] = field(default_factory=list)
+    engine_step_rows: list[int] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:

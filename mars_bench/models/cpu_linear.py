@@ -27,10 +27,15 @@ from mars_bench.common.kernels import check_kernels
 # its gain above 16 rows (a verification forward is B x (gamma + 1) rows); one for 16 holds it to 32
 # (benchmarks/results/forward_kernels_cpu).
 PACK_BATCH_HINT = 16
-# What ``model.kernels=auto`` packs. Packed float32 layers were no faster or slower at one token (the embedded
-# target 272.8 -> 272.0 ms a forward, its drafter 94.8 -> 103.6 ms) though faster at six or at batch 4; bfloat16
-# ones faster at every width (benchmarks/results/forward_kernels_cpu).
-AUTO_DTYPES = (torch.bfloat16,)
+
+
+def auto_dtypes() -> tuple[torch.dtype, ...]:
+    """What ``model.kernels=auto`` packs on this CPU: the dtype to run on it. Where the CPU multiplies bfloat16
+    natively, bfloat16 (packed, faster at every width; float32 there was no faster at one token: the embedded
+    target 272.8 -> 272.0 ms a forward, its drafter 94.8 -> 103.6 ms, on an Intel Xeon with AMX); where it does
+    not, float32 (packed, faster at every width on an AVX2-only AMD EPYC: the target 503 -> 378 ms at one token,
+    1792 -> 501 ms at six, its drafter 156 -> 132 ms). benchmarks/results/forward_kernels_cpu."""
+    return (torch.bfloat16,) if onednn_runs(torch.bfloat16) else (torch.float32,)
 
 
 @dataclass(frozen=True)
@@ -109,13 +114,13 @@ def packable_bytes(model: torch.nn.Module) -> int:
 
 def use_kernels(model: torch.nn.Module, kernels: str) -> PackedLinears | None:
     """Apply ``model.kernels`` to a loaded model: ``onednn`` packs its linear layers where ``packable``
-    (ValueError where none is); ``auto`` packs bfloat16 ones only (``AUTO_DTYPES``), and not where the packed
+    (ValueError where none is); ``auto`` packs those of the dtype ``auto_dtypes`` names, and not where the packed
     copies would take more than half the memory still available (a warning says so); ``stock`` leaves it.
     None where nothing was packed."""
     check_kernels(kernels)
     if kernels == "stock":
         return None
-    if kernels == "auto" and not any(packable(m) and m.weight.dtype in AUTO_DTYPES for m in model.modules()):
+    if kernels == "auto" and not any(packable(m) and m.weight.dtype in auto_dtypes() for m in model.modules()):
         return None
     needed, available = packable_bytes(model), psutil.virtual_memory().available
     if kernels == "auto" and needed > available / 2:

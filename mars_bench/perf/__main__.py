@@ -3,6 +3,7 @@ the methods' order rotating per prompt, each repeat timing at each temperature:
 
 1. our autoregressive baseline, and transformers' ``generate`` (greedy only);
 2. transformers' assisted generation (on models loaded as its users load them);
+   with ``--peers vllm vllm-spec``, vLLM's CPU engine without and with its own speculative decoding;
 3. our chain speculative decoding (``exact`` greedy, ``rejection`` at temperature 1) in every
    drafter configuration: each draft-length policy with each draft vocabulary, or the
    configurations ``--configs`` names one by one (these may also quantize the drafter's weights).
@@ -66,8 +67,9 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
         "--peers",
         nargs="+",
         default=list(PEER_METHODS),
-        help="transformers' methods to time: generate, assisted (assistant as loaded), "
-        "assisted-like (the assistant with each configuration's draft weights); default all",
+        help="the peers' methods to time: transformers' generate, assisted (assistant as loaded), "
+        "assisted-like (the assistant with each configuration's draft weights), all three by default; vLLM's CPU "
+        "engine, greedy, asked for by name: vllm (its AR), vllm-spec (its draft-model speculative decoding)",
     )
     parser.add_argument("--dtype", default=None, help="default: the model option's dtype")
     parser.add_argument("--kernels", default=PerfSettings.kernels, help="our models' linear layers on the CPU: auto (default), "

@@ -37,10 +37,16 @@ def header(result: dict[str, Any]) -> str:
     skipped = s.get("skip_prompts", 0)
     taken = f"{result['prompts']} prompts ({', '.join(s['tasks'])}"
     taken += f"; each task's prompts {skipped + 1} to {skipped + s['num_prompts']})" if skipped else ")"
-    return (f"{s['target']} with {s['draft_model']}, {s['dtype']}, {taken}, "
+    text = (f"{s['target']} with {s['draft_model']}, {s['dtype']}, {taken}, "
             f"{s['max_new_tokens']} new tokens, gamma {s['gamma']}{policy_keys(s)}, {configs}, "
-            f"{result['repeats_done']} of {s['repeats']} repeats; transformers' models: "
-            f"`{result['peer_loading']}`; assisted generation: {result['assisted_generation']}.")  # fmt: skip
+            f"{result['repeats_done']} of {s['repeats']} repeats")  # fmt: skip
+    if result.get("peer_loading"):  # None where no transformers method was timed
+        text += f"; transformers' models: `{result['peer_loading']}`; assisted generation: {result['assisted_generation']}"
+    for peer, load in (result.get("vllm_loading") or {}).items():  # reports written before vLLM's peers lack it
+        text += (f"; {peer}: vLLM {load['vllm']}, `LLM(dtype={load['dtype']}, enforce_eager={load['enforce_eager']}, "
+                 f"max_num_seqs={load['max_num_seqs']}, speculative_config={load['speculative_config']})` with a "
+                 f"{load['kv_cache_gb']:g} GB KV cache, loaded in {load['load_s']:.0f} s")  # fmt: skip
+    return text + "."
 
 
 def policy_keys(settings: dict[str, Any]) -> str:
@@ -108,6 +114,8 @@ def ours_tables(result: dict[str, Any]) -> list[str]:
               "| ms per drafter forward |", "|---|---|---|---|---|"]  # fmt: skip
     for row in result["results"].values():
         use = row["forwards"]
+        if use is None:  # vLLM's forwards run in its own process
+            continue
         lines.append(f"| {row['method']} | {use['target_forwards_per_token']:.3f} | {use['target_forward_ms']:.1f} | "
                      f"{use['drafter_forwards_per_target_forward']:.2f} | {use['drafter_forward_ms']:.1f} |")  # fmt: skip
     return lines
@@ -164,6 +172,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"**{disturbed} timed decodes ran while other processes used the machine (more than "
                       f"{DEFAULT_THRESHOLD} cores on average): these numbers are not clean; run again on an idle "
                       "machine.**"]  # fmt: skip
+    for row in result["results"].values():
+        if row["side"] == "vllm" and row.get("tau") is not None:
+            lines += ["", f"{row['method']}: tau {row['tau']:.2f} and {row['drafts_per_step']:.2f} drafts per step, from "
+                          "vLLM's own spec-decode counters (its steps that drafted)."]  # fmt: skip
     return "\n".join([*lines, "", *ours_tables(result), "", *analytic_table(result)])
 
 

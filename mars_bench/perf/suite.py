@@ -4,9 +4,10 @@ methods rotating per prompt and per repeat.
 
 Methods, at each temperature asked for: our autoregressive baseline; transformers' plain
 ``generate`` (greedy only) and assisted generation, on models loaded exactly as a
-transformers user loads them (``peer.load_peer``); our chain speculative decoding in each
-drafter configuration (a draft-length policy and a draft vocabulary), with ``exact`` when
-greedy and ``rejection`` when sampling.
+transformers user loads them (``peer.load_peer``); where asked for (greedy only), vLLM's CPU engine
+without and with its own draft-model speculative decoding (``vllm_peer``); our chain speculative
+decoding in each drafter configuration (a draft-length policy and a draft vocabulary), with ``exact``
+when greedy and ``rejection`` when sampling.
 """
 
 from __future__ import annotations
@@ -41,14 +42,16 @@ from mars_bench.perf.costs import (
 )
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
 from mars_bench.perf.report import config_label
+from mars_bench.perf.vllm_peer import ENFORCE_EAGER, VLLM_PEERS, VllmEngines, check_vllm_peers
 from mars_bench.tasks.options import task_option
 from mars_bench.tasks.providers import load_questions
 from mars_bench.verification.sampling import SamplingParams
 
-OURS, PEER = "ours", "transformers"
+OURS, PEER, VLLM = "ours", "transformers", "vllm"
 # transformers' methods: generate (greedy), assisted generation with the assistant as loaded, and with the
 # draft weights of each of our configurations (like for like: quantized as that configuration's drafter is)
 PEER_METHODS = ("generate", "assisted", "assisted-like")
+ALL_PEERS = PEER_METHODS + VLLM_PEERS  # vLLM's are asked for by name: two more engines, in an environment of their own
 Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per prompt: one timed run
 
 
@@ -113,11 +116,15 @@ class PerfSettings:
         check_draft_cost(self.draft_cost)
         check_kernels(self.kernels)
         for peer in self.peers:
-            if peer not in PEER_METHODS:
-                raise ValueError(f"--peers {peer} is invalid: allowed are {', '.join(PEER_METHODS)}")
+            if peer not in ALL_PEERS:
+                raise ValueError(f"--peers {peer} is invalid: allowed are {', '.join(ALL_PEERS)}")
         for temperature in self.temperatures:
             if temperature not in (0.0, 1.0):
                 raise ValueError(f"--temperatures {temperature:g} is invalid: allowed are 0 (greedy) and 1 (sampling)")
+        vllm = [peer for peer in self.peers if peer in VLLM_PEERS]
+        if vllm and 0.0 not in self.temperatures:
+            raise ValueError(f"--peers {' '.join(vllm)} is timed greedy only: allowed with it are --temperatures 0 or 0 1")
+        check_vllm_peers(self.peers)
 
     def spec(self, config: DraftConfig | None, temperature: float) -> MethodSpec:
         """Our method for ``config`` (None: the AR baseline) at ``temperature``: the model drafter in that
@@ -140,8 +147,9 @@ class PerfSettings:
 
 @dataclass(frozen=True)
 class Method:
-    """One way to decode a prompt: ours (``config`` None: the autoregressive baseline) or
-    transformers' (``assisted``: assisted generation, else plain ``generate``)."""
+    """One way to decode a prompt: ours (``config`` None: the autoregressive baseline), transformers'
+    (``assisted``: assisted generation, else plain ``generate``) or vLLM's (``assisted``: its draft-model
+    speculative decoding, else autoregressive)."""
 
     side: str
     temperature: float
@@ -154,6 +162,8 @@ class Method:
         if self.side == PEER:
             label = "assisted generation" if self.assisted else "generate"
             label += f", {self.assistant_weights} assistant" if self.assistant_weights else ""
+        elif self.side == VLLM:
+            label = "draft-model speculative decoding" if self.assisted else "AR"
         else:
             label = f"chain {self.verifier}, {self.config.name}" if self.config else "AR baseline"
         return f"T={self.temperature:g} {self.side} {label}"
@@ -162,11 +172,16 @@ class Method:
     def verifier(self) -> str | None:
         return None if self.config is None else strict_verifier(self.temperature)
 
+    @property
+    def vllm_peer(self) -> str:
+        """The ``--peers`` name of a vLLM method."""
+        return VLLM_PEERS[1] if self.assisted else VLLM_PEERS[0]
+
 
 def methods_for(settings: PerfSettings) -> list[Method]:
     """At each temperature: our AR baseline, ``generate`` (greedy), assisted generation with the assistant as
-    loaded and with it quantized as each of our configurations quantizes its drafter, and our configurations
-    (of transformers' methods, those ``settings.peers`` names)."""
+    loaded and with it quantized as each of our configurations quantizes its drafter, vLLM's AR and its
+    speculative decoding (greedy), and our configurations (of the peers' methods, those ``settings.peers`` names)."""
     like = [config.weights for config in settings.configs()] if "assisted-like" in settings.peers else []
     weights = list(dict.fromkeys(([None] if "assisted" in settings.peers else []) + like))
     methods = []
@@ -175,6 +190,9 @@ def methods_for(settings: PerfSettings) -> list[Method]:
         if temperature == 0 and "generate" in settings.peers:
             methods.append(Method(PEER, temperature))
         methods += [Method(PEER, temperature, assisted=True, assistant_weights=value) for value in weights]
+        if temperature == 0:
+            methods += [Method(VLLM, temperature, assisted=peer == VLLM_PEERS[1]) for peer in VLLM_PEERS
+                        if peer in settings.peers]  # fmt: skip
         methods += [Method(OURS, temperature, config) for config in settings.configs()]
     return methods
 
@@ -202,12 +220,13 @@ class Suite:
         self.target = load_model(settings.target, dtype=settings.dtype, kernels=settings.kernels)
         self.draft = load_model(settings.draft_model, dtype=settings.dtype, kernels=settings.kernels)
         check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
+        self.methods = methods_for(settings)
         # transformers' side runs on its own load, as its users load models (see peer.load_peer).
-        self.peer_target = load_peer(self.target.resolved.path, settings.dtype)
-        self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype)
+        transformers = any(method.side == PEER for method in self.methods)
+        self.peer_target = load_peer(self.target.resolved.path, settings.dtype) if transformers else None
+        self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype) if transformers else None
         # Like for like: assisted generation drafts with the same weights as the configuration it is compared
         # with, quantized by the same function from the same checkpoint (the plain load stays as loaded).
-        self.methods = methods_for(settings)
         self.assistants = {method.assistant_weights: quantized_draft_model(self.peer_draft, method.assistant_weights)
                            for method in self.methods if method.assisted}  # fmt: skip
         self.stops = stop_token_ids(self.target)
@@ -218,13 +237,23 @@ class Suite:
         pad = self.target.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stops[0]
         self.meter = ContentionMeter()  # what other processes used while each decode was timed
+        vllm = tuple(method.vllm_peer for method in self.methods if method.side == VLLM)
+        # vLLM loads the same checkpoints, in the same dtype, its own way (see vllm_peer)
+        self.vllm = VllmEngines(vllm, str(self.target.resolved.path), str(self.draft.resolved.path), settings.dtype,
+                                settings.gamma) if vllm else None  # fmt: skip
+
+    def close(self) -> None:
+        """Stop vLLM's engines, if any (each a process holding a model and its KV cache)."""
+        if self.vllm is not None:
+            self.vllm.close()
 
     def build_drafter(self, config: DraftConfig) -> Any:
         spec = self.settings.spec(config, 0.0)  # a drafter does not depend on the temperature
         return spec.build_drafter(self.target.model, self.draft.model, tokenizer=self.target.tokenizer)
 
     def run(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
-        return self.ours(method, prompt, seed, budget) if method.side == OURS else self.peer(method, prompt, seed, budget)
+        run = {OURS: self.ours, PEER: self.peer, VLLM: self.vllm_peer}[method.side]
+        return run(method, prompt, seed, budget)
 
     def ours(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         spec, drafter = self.settings.spec(method.config, method.temperature), self.drafters.get(method.config)
@@ -246,10 +275,20 @@ class Suite:
                                     lambda: peer_generate(self.peer_target, prompt, config, assistant, seed=seed))  # fmt: skip
         return {"tokens": cut_at_stop(tokens, self.stops, budget)[0], **timing}
 
-    def timed(self, models: tuple[Any, Any], call: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+    def vllm_peer(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
+        """One request to vLLM's engine, timed around the whole call from this process (the pipe to the worker
+        included: well under a millisecond against a decode's seconds); its forwards are vLLM's, out of reach of
+        the hooks."""
+        answer, timing = self.timed((), lambda: self.vllm.generate(method.vllm_peer, prompt, budget, self.stops, seed))
+        counters = answer["counters"] or {}
+        return {"tokens": cut_at_stop(answer["tokens"], self.stops, budget)[0], **timing,
+                "steps": counters.get("num_drafts", 0), "drafted": counters.get("num_draft_tokens", 0),
+                "accepted": counters.get("num_accepted_tokens", 0)}  # fmt: skip
+
+    def timed(self, models: tuple[Any, ...], call: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
         """``call()``, its wall seconds, and the count and seconds of each model's forwards inside it
-        (``models``: the target and the drafter that side runs)."""
-        with ForwardTimer(models[0]) as target, ForwardTimer(models[1]) as draft:
+        (``models``: the target and the drafter that side runs; none for vLLM's, which run in its process)."""
+        with ForwardTimer(*models[:1]) as target, ForwardTimer(*models[1:]) as draft:
             self.meter.start()
             start = time.perf_counter()
             value = call()
@@ -306,8 +345,12 @@ def summarise_method(method: Method, repeats: list[list[dict[str, Any]]]) -> dic
         "method": method.name, "side": method.side, "temperature": method.temperature,
         "config": None if method.config is None else asdict(method.config), "assisted": method.assisted,
         "tok_s": throughput(runs), "runs": len(runs), "disturbed_runs": sum(run["disturbed"] for run in runs),
-        "forwards": forward_use(runs),
+        "forwards": None if method.side == VLLM else forward_use(runs),  # vLLM's forwards run in its process
     }  # fmt: skip
+    if method.side == VLLM and method.assisted:  # from vLLM's own spec-decode counters: its steps that drafted
+        steps = sum(run["steps"] for run in runs)
+        row |= {"tau": (sum(run["accepted"] for run in runs) + steps) / steps if steps else None,
+                "drafts_per_step": sum(run["drafted"] for run in runs) / steps if steps else None}  # fmt: skip
     if method.side == OURS:
         decode_s = sum(run["decode_s"] for run in runs)
         steps = sum(run["steps"] for run in runs)
@@ -323,39 +366,53 @@ def summarise_method(method: Method, repeats: list[list[dict[str, Any]]]) -> dic
     return row
 
 
-def comparisons(methods: list[Method], raw: Raw, packed: bool = False) -> list[dict[str, Any]]:
-    """Each of our speculative methods against our AR baseline and against assisted generation at
-    its temperature; our AR baseline and assisted generation against plain ``generate``. packed: our
-    models' linear layers run packed (``model.kernels``), transformers' as it loads them."""
+def comparisons(methods: list[Method], raw: Raw, packed: bool = False, gamma: int | None = None) -> list[dict[str, Any]]:
+    """Each of our speculative methods against our AR baseline, against assisted generation and against
+    vLLM's speculative decoding at its temperature; our AR baseline and assisted generation against plain
+    ``generate``; our AR baseline against vLLM's, and vLLM's speculative decoding against its AR. packed: our
+    models' linear layers run packed (``model.kernels``), transformers' as it loads them; gamma: vLLM's
+    drafts a step (``differences``)."""
     by_key = {(m.side, m.temperature, m.assisted, m.config, m.assistant_weights): m for m in methods}
     pairs = []
     for method in methods:
         t = method.temperature
+        vllm_ar, vllm_spec = by_key.get((VLLM, t, False, None, None)), by_key.get((VLLM, t, True, None, None))
         if method.side == OURS and method.config is not None:
             same_weights = by_key.get((PEER, t, True, None, method.config.weights))  # the same draft weights on both sides
-            pairs += [(method, by_key[(OURS, t, False, None, None)]), (method, same_weights)]
+            pairs += [(method, by_key[(OURS, t, False, None, None)]), (method, same_weights), (method, vllm_spec)]
         elif t == 0 and (method.side, method.assisted) in ((OURS, False), (PEER, True)):
             pairs.append((method, by_key.get((PEER, t, False, None, None))))  # plain generate, if timed
+        if method.side == OURS and method.config is None:
+            pairs.append((method, vllm_ar))
+        elif method.side == VLLM and method.assisted:
+            pairs.append((method, vllm_ar))
     pairs = [(mine, other) for mine, other in pairs if other is not None]
     rows = []
     for mine, other in pairs:
         identical = sum(a["tokens"] == b["tokens"] for ra, rb in zip(raw[mine.name], raw[other.name]) for a, b in zip(ra, rb))
         rows.append({"method": mine.name, "against": other.name, **ratio_stats(raw[mine.name], raw[other.name]),
-                     "identical": identical if mine.temperature == 0 else None, "differs": differences(mine, other, packed),
+                     "identical": identical if mine.temperature == 0 else None,
+                     "differs": differences(mine, other, packed, gamma),
                      "runs": sum(len(repeat) for repeat in raw[mine.name])})  # fmt: skip
     return rows
 
 
-def differences(mine: Method, other: Method, packed: bool = False) -> str:
+def differences(mine: Method, other: Method, packed: bool = False, gamma: int | None = None) -> str:
     """What differs between the two sides of a comparison; the rest (target and draft weights, dtype,
-    quantization, prompts, budget, temperature) is held the same. packed: as ``comparisons``'."""
-    kernels = "; the linear layers: ours packed for oneDNN (model.kernels), transformers' as loaded" if packed else ""
-    return _differences(mine, other) + (kernels if mine.side == OURS and other.side != OURS else "")
+    quantization, prompts, budget, temperature) is held the same. packed, gamma: as ``comparisons``'."""
+    if other.side == VLLM:  # vLLM always runs its own linear layers, so they differ, packed or not
+        ours = "ours packed for oneDNN (model.kernels)" if packed else "ours as loaded (model.kernels: stock)"
+        kernels = f"; the linear layers: {ours}, vLLM's its own (oneDNN, prepacked at load)"
+    else:
+        kernels = "; the linear layers: ours packed for oneDNN (model.kernels), transformers' as loaded" if packed else ""
+    return _differences(mine, other, gamma) + (kernels if mine.side == OURS and other.side != OURS else "")
 
 
-def _differences(mine: Method, other: Method) -> str:
+def _differences(mine: Method, other: Method, gamma: int | None = None) -> str:
     if mine.side == OURS and mine.config is not None and other.side == OURS:
         return f"speculative decoding ({mine.config.name} drafter) against none, in our engine"
+    if other.side == VLLM:
+        return _vllm_differences(mine, other, gamma)
     if mine.side == OURS and mine.config is not None:
         parts = [f"the decoder: ours (draft length {mine.config.length}) against assisted generation (its own draft "
                  "length heuristic)"]  # fmt: skip
@@ -366,6 +423,25 @@ def _differences(mine: Method, other: Method) -> str:
     if mine.side == OURS:
         return "the autoregressive decoder: ours against transformers' generate"
     return "assisted generation's drafting against none, in transformers"
+
+
+def _vllm_differences(mine: Method, other: Method, gamma: int | None) -> str:
+    engine = (f"vLLM's CPU engine (enforce_eager={ENFORCE_EAGER}, its paged KV cache and attention kernels, "
+              "one request at a time)")  # fmt: skip
+    if mine.side == VLLM:
+        return f"vLLM's draft-model speculative decoding ({gamma} drafts a step, its own rule) against none, in {engine}"
+    if mine.config is None:
+        return f"the engine: ours against {engine}, both autoregressive"
+    parts = [f"the engine: ours against {engine}",
+             f"the decoder: ours (draft length {mine.config.length}) against vLLM's ({gamma} drafts every step)"]  # fmt: skip
+    if mine.config.weights:
+        parts.append(f"the draft weights: ours {mine.config.weights}, vLLM's as loaded (no counterpart)")
+    if mine.config.vocab:
+        scored = f"{mine.config.vocab:,} tokens" + (" and the context's" if mine.config.context_vocab else "")
+        parts.append(f"our drafter scores {scored}, vLLM's its full vocabulary (no counterpart)")
+    if mine.config.guesses:
+        parts.append(f"our drafter adds {mine.config.guesses} lookup guesses a forward (no counterpart)")
+    return "; ".join(parts)
 
 
 def forward_costs(suite: Suite) -> dict[str, Any]:
@@ -443,15 +519,18 @@ def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], N
     environment = {"git": git_state(), "source_sha256": source_hash(), "packages": package_versions(),
                    "cpu": cpu_description(), "gpus": gpu_description()}  # fmt: skip
     suite = Suite(settings)
-    suite.warm_up()
-    costs = forward_costs(suite)
-    raw: Raw = {method.name: [] for method in suite.methods}
-    for repeat in range(settings.repeats):
-        for name, runs in suite.repeat(repeat).items():
-            raw[name].append(runs)
-        report = build_report(suite, environment, costs, raw, repeat + 1)
-        if after_repeat is not None:
-            after_repeat(report)
+    try:
+        suite.warm_up()
+        costs = forward_costs(suite)
+        raw: Raw = {method.name: [] for method in suite.methods}
+        for repeat in range(settings.repeats):
+            for name, runs in suite.repeat(repeat).items():
+                raw[name].append(runs)
+            report = build_report(suite, environment, costs, raw, repeat + 1)
+            if after_repeat is not None:
+                after_repeat(report)
+    finally:
+        suite.close()
     return report
 
 
@@ -463,12 +542,14 @@ def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any
         "repeats_done": repeats_done,
         "prompts": len(suite.prompts),
         "prompt_tasks": suite.prompt_tasks,
-        "peer_loading": PEER_LOADING.format(dtype=suite.settings.dtype),
+        "peer_loading": PEER_LOADING.format(dtype=suite.settings.dtype) if suite.peer_target is not None else None,
+        "vllm_loading": suite.vllm.loading if suite.vllm is not None else None,
         "packed_linears": {role: loaded.packed.describe() if loaded.packed else None
                            for role, loaded in (("target", suite.target), ("draft_model", suite.draft))},  # fmt: skip
-        "assisted_generation": assistant_settings(suite.peer_draft),
+        "assisted_generation": assistant_settings(suite.peer_draft) if suite.peer_draft is not None else None,
         "results": results,
-        "comparisons": comparisons(suite.methods, raw, any(loaded.packed for loaded in (suite.target, suite.draft))),
+        "comparisons": comparisons(suite.methods, raw, any(loaded.packed for loaded in (suite.target, suite.draft)),
+                                   suite.settings.gamma),
         "analytic": analytic_model(suite.methods, costs, raw, results),
         "raw": {name: [[{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in repeat] for repeat in repeats]
                 for name, repeats in raw.items()},  # fmt: skip

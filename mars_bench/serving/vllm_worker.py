@@ -8,8 +8,9 @@ everything vLLM prints goes to standard error.
 
 Messages: ``{"op": "load", ...LoadSpec}`` -> ``{"ok": true, "vllm": version, "load_s": s}``;
 ``{"op": "generate", ...}`` -> per request its tokens, finish reason, engine timestamps, the seconds
-the plugin spent aside while it was in flight (shadows, fidelity: ``aside_s``) and the plugin's trace of
-its steps, plus the spec-decode counters' change; ``{"op": "verifier", "verifier":
+the plugin spent aside while it was in flight (shadows, fidelity: ``aside_s``), the plugin's trace of
+its steps and the engine steps that served it (``engine_steps``: each one's requests and wall seconds),
+plus the spec-decode counters' change; ``{"op": "verifier", "verifier":
 {"name": ..., "settings": ...}}`` -> another rule judges the next steps (name null: vLLM's own);
 ``{"op": "close"}``. A failure
 answers ``{"error": "one line"}``.
@@ -71,7 +72,8 @@ def steps_by_request(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     steps: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
         for b, req_id in enumerate(line["req_ids"]):
-            steps.setdefault(request_key(req_id), []).append({key: line[key][b] for key in STEP_FIELDS})
+            step = {key: line[key][b] for key in STEP_FIELDS}
+            steps.setdefault(request_key(req_id), []).append({**step, "aside_s": line["aside_s"]})
     return steps
 
 
@@ -89,12 +91,51 @@ def aside_by_request(lines: list[dict[str, Any]]) -> dict[str, tuple[float, floa
     return {key: (first[key], last[key] - first[key]) for key in first}
 
 
+class EngineSteps:
+    """Times every step of an in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the whole of
+    ``EngineCore.step_fn`` (schedule, forward, sampling or verification, drafting, output update) and the
+    requests its schedule served. Both are looked up by attribute at call time, so wrapping them on the
+    instance reaches every step."""
+
+    def __init__(self, llm: Any) -> None:
+        core = llm.llm_engine.engine_core.engine_core  # LLMEngine -> InprocClient -> EngineCore
+        schedule, step = core.scheduler.schedule, core.step_fn
+        self.steps: list[tuple[list[str], float]] = []  # (request keys served, wall seconds), in order
+        served: list[str] = []
+
+        def scheduled(*args: Any, **kwargs: Any) -> Any:
+            output = schedule(*args, **kwargs)
+            served[:] = [request_key(req_id) for req_id in output.num_scheduled_tokens]
+            return output
+
+        def timed_step() -> Any:
+            served.clear()
+            started = time.perf_counter()
+            value = step()
+            if served:
+                self.steps.append((list(served), time.perf_counter() - started))
+            return value
+
+        core.scheduler.schedule, core.step_fn = scheduled, timed_step
+
+    def take(self) -> dict[str, list[tuple[int, float]]]:
+        """Per request key, (requests served, seconds) of each step that served it, its prefill's first; then
+        forget them."""
+        by_request: dict[str, list[tuple[int, float]]] = {}
+        for served, seconds in self.steps:
+            for key in served:
+                by_request.setdefault(key, []).append((len(served), seconds))
+        self.steps.clear()
+        return by_request
+
+
 class Worker:
     def __init__(self) -> None:
         self.llm: Any = None
         self.trace = Path(os.environ["MARS_BENCH_VLLM_TRACE"]) if os.environ.get("MARS_BENCH_VLLM_TRACE") else None
         self.trace_end = 0
         self.speculative = False
+        self.engine_steps: EngineSteps | None = None
 
     def load(self, message: dict[str, Any]) -> dict[str, Any]:
         import vllm
@@ -122,6 +163,7 @@ class Worker:
             enable_chunked_prefill=False,
             max_num_batched_tokens=message["max_model_len"],
         )
+        self.engine_steps = EngineSteps(self.llm)
         return {"ok": True, "vllm": vllm.__version__, "load_s": time.perf_counter() - started}
 
     def generate(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +194,7 @@ class Worker:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - started
         lines, self.trace_end = read_trace(self.trace, self.trace_end)
-        steps, aside = steps_by_request(lines), aside_by_request(lines)
+        steps, aside, engine_steps = steps_by_request(lines), aside_by_request(lines), self.engine_steps.take()
         results = []
         for output in outputs:
             stats = output.metrics
@@ -162,6 +204,7 @@ class Worker:
                 "scheduled": stats.scheduled_ts, "first_token": stats.first_token_ts,
                 "last_token": stats.last_token_ts, "queued": stats.queued_ts,
                 "aside_s": aside.get(output.request_id, (0.0, 0.0)), "steps": steps.get(output.request_id, []),
+                "engine_steps": engine_steps.get(output.request_id, []),
             })  # fmt: skip
         change = counters_change(before, spec_counters(self.llm)) if before is not None else None
         return {"results": results, "wall_s": wall, "counters": change}
