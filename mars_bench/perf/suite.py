@@ -33,6 +33,7 @@ from mars_bench.drafting.draft_weights import quantized_draft_model
 from mars_bench.drafting.stop import check_draft_cost, check_min_confidence
 from mars_bench.method import MethodSpec
 from mars_bench.models.loading import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.models.sources import resolve_model
 from mars_bench.perf.costs import (
     ForwardTimer,
     calibrated_costs,
@@ -217,30 +218,35 @@ class Suite:
     def __init__(self, settings: PerfSettings) -> None:
         settings.check()
         self.settings = settings
-        self.target = load_model(settings.target, dtype=settings.dtype, kernels=settings.kernels)
-        self.draft = load_model(settings.draft_model, dtype=settings.dtype, kernels=settings.kernels)
-        check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
         self.methods = methods_for(settings)
-        # transformers' side runs on its own load, as its users load models (see peer.load_peer).
-        transformers = any(method.side == PEER for method in self.methods)
-        self.peer_target = load_peer(self.target.resolved.path, settings.dtype) if transformers else None
-        self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype) if transformers else None
-        # Like for like: assisted generation drafts with the same weights as the configuration it is compared
-        # with, quantized by the same function from the same checkpoint (the plain load stays as loaded).
-        self.assistants = {method.assistant_weights: quantized_draft_model(self.peer_draft, method.assistant_weights)
-                           for method in self.methods if method.assisted}  # fmt: skip
-        self.stops = stop_token_ids(self.target)
-        prompts = task_prompts(self.target.tokenizer, settings)
-        self.prompts = [prompt for _, prompt in prompts]
-        self.prompt_tasks = [task for task, _ in prompts]
-        self.drafters = {config: self.build_drafter(config) for config in settings.configs()}
-        pad = self.target.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.stops[0]
-        self.meter = ContentionMeter()  # what other processes used while each decode was timed
         vllm = tuple(method.vllm_peer for method in self.methods if method.side == VLLM)
-        # vLLM loads the same checkpoints, in the same dtype, its own way (see vllm_peer)
-        self.vllm = VllmEngines(vllm, str(self.target.resolved.path), str(self.draft.resolved.path), settings.dtype,
-                                settings.gamma) if vllm else None  # fmt: skip
+        # vLLM's engines first, on the same checkpoints and dtype (see vllm_peer): what they hold is then taken
+        # before our models load, so model.kernels=auto packs ours only where the packed copies still fit
+        self.vllm = VllmEngines(vllm, str(resolve_model(settings.target).path), str(resolve_model(settings.draft_model).path),
+                                settings.dtype, settings.gamma) if vllm else None  # fmt: skip
+        try:
+            self.target = load_model(settings.target, dtype=settings.dtype, kernels=settings.kernels)
+            self.draft = load_model(settings.draft_model, dtype=settings.dtype, kernels=settings.kernels)
+            check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
+            # transformers' side runs on its own load, as its users load models (see peer.load_peer).
+            transformers = any(method.side == PEER for method in self.methods)
+            self.peer_target = load_peer(self.target.resolved.path, settings.dtype) if transformers else None
+            self.peer_draft = load_peer(self.draft.resolved.path, settings.dtype) if transformers else None
+            # Like for like: assisted generation drafts with the same weights as the configuration it is compared
+            # with, quantized by the same function from the same checkpoint (the plain load stays as loaded).
+            self.assistants = {method.assistant_weights: quantized_draft_model(self.peer_draft, method.assistant_weights)
+                               for method in self.methods if method.side == PEER and method.assisted}  # fmt: skip
+            self.stops = stop_token_ids(self.target)
+            prompts = task_prompts(self.target.tokenizer, settings)
+            self.prompts = [prompt for _, prompt in prompts]
+            self.prompt_tasks = [task for task, _ in prompts]
+            self.drafters = {config: self.build_drafter(config) for config in settings.configs()}
+            pad = self.target.tokenizer.pad_token_id
+            self.pad_id = pad if pad is not None else self.stops[0]
+        except BaseException:
+            self.close()  # the engines started above
+            raise
+        self.meter = ContentionMeter()  # what other processes used while each decode was timed
 
     def close(self) -> None:
         """Stop vLLM's engines, if any (each a process holding a model and its KV cache)."""

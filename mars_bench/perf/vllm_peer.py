@@ -6,7 +6,8 @@ installed: the plugin stays out), ``enforce_eager=True`` as on the CPU figures t
 one request at a time (``max_num_seqs=1``, the suite times batch 1). It lives in its own environment
 (``python -m mars_bench.serving.install``), one worker process per engine (``backends.vllm.VllmWorker``).
 Both engines stay loaded for the whole run, beside our models and transformers', so each gets a KV cache of
-``KV_CACHE_GB`` (one request of ``MAX_MODEL_LEN`` tokens needs far less) instead of the backend's 4 GB.
+``KV_CACHE_GB`` (one request of ``MAX_MODEL_LEN`` tokens needs far less) instead of the backend's 4 GB; they
+start before our models load, so that ``model.kernels=auto`` packs ours only where the copies still fit.
 """
 
 from __future__ import annotations
