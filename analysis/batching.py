@@ -41,6 +41,7 @@ from .acceptance import shadow_labels, share_of_sums
 from .cells import NotEnoughData, method_rows, recorded_setting, varying_labels
 
 COSTS_FILE = "batch_costs.json"  # written by python -m mars_bench.perf.batch_costs RUN
+ENGINE_STEPS = "the engine's own steps (engine_step_s)"  # BatchCosts.source of costs read from a backend's steps
 KEYS = ["model", "task", "temperature", "label"]
 RULE_KEYS = ["model", "task", "temperature", "rule"]  # the same, as the tables name the column
 
@@ -76,6 +77,16 @@ class BatchCosts:
         return cls(data["target_s"], data["drafter_s"], str(path))
 
     @property
+    def from_engine_steps(self) -> bool:
+        """Read from a serving engine's own steps (``engine_step_costs``), not timed forwards of this package's."""
+        return self.source == ENGINE_STEPS
+
+    @property
+    def label(self) -> str:
+        """What the costs came from, as the tables' ``costs`` column names it."""
+        return ENGINE_STEPS if self.from_engine_steps else COSTS_FILE
+
+    @property
     def batch_sizes(self) -> list[int]:
         return sorted(int(size) for size in self.target)
 
@@ -86,7 +97,6 @@ class BatchCosts:
         return _grid_interpolate(self.drafter, rows, width)
 
 
-ENGINE_STEPS = "the engine's own steps (engine_step_s)"  # BatchCosts.source of costs read from a backend's steps
 OWN_ENGINE = EARLIER_BACKEND  # the backend whose forwards batch_costs.json times: this package's engine (it ran every older row)
 
 
@@ -277,11 +287,11 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
         if priced is not None:
             mine, theirs = modelled(rows, priced), modelled(base, priced)
             predicted = (tokens / mine.seconds) / (base_tokens / theirs.seconds)
-            own = priced.source != ENGINE_STEPS  # a serving engine's steps hold no forward of their own to compare
+            own = not priced.from_engine_steps  # a serving engine's steps hold no forward of their own to compare
             entry |= {"predicted_speedup": predicted, "measured_over_predicted": measured / predicted,
                       "predicted_latency_speedup": theirs.latency_s / mine.latency_s,
                       "target_in_run_over_model": in_run_target_s(rows) / mine.target_s if own and mine.target_s else np.nan,
-                      "modelled_step_s": mine.steps_s, "costs": "batch_costs.json" if own else ENGINE_STEPS}  # fmt: skip
+                      "modelled_step_s": mine.steps_s, "costs": priced.label}  # fmt: skip
         out.append(entry)
     table = pd.DataFrame(out)
     if table.empty:
@@ -343,7 +353,7 @@ def extrapolated(frame: pd.DataFrame, costs: BatchCosts | None, seed: int = 0) -
             speedup = (used["new_tokens"].sum() / spec) / (used["new_tokens_base"].sum() / base)
             out.append({"model": model, "task": task, "temperature": temperature, "rule": label, "batch_size": size,
                         "batches": len(batches), "modelled_speedup": speedup,
-                        "costs": "batch_costs.json" if priced.source != ENGINE_STEPS else ENGINE_STEPS})  # fmt: skip
+                        "costs": priced.label})  # fmt: skip
     table = pd.DataFrame(out)
     if table.empty:
         raise NotEnoughData("no method rows pair with a baseline row and have costs (batch_costs.json, or their engine's "

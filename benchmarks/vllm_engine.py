@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.backends.vllm import VllmWorker
+from mars_bench.backends.vllm import VllmWorker, draft_model_config
 from mars_bench.common.kernels import KERNELS
 from mars_bench.decoding.batched import decode_batch
 from mars_bench.models.loading import load_model, stop_token_ids
@@ -53,8 +53,7 @@ def cpu_name() -> str:
 
 
 def worker(label: str, concurrency: int, gamma: int | None, folder: Path, dtype: str = "bfloat16") -> VllmWorker:
-    speculative = None if gamma is None else {"method": "draft_model", "model": str(resolve_model(DRAFT).path),
-                                              "num_speculative_tokens": gamma}  # fmt: skip
+    speculative = None if gamma is None else draft_model_config(str(resolve_model(DRAFT).path), gamma)
     started = VllmWorker(vllm_python(), None if gamma is None else {"name": None}, folder, label)
     started.ask({"op": "load", "model": str(resolve_model(TARGET).path), "dtype": dtype, "seed": 0,
                  "max_model_len": 4096, "max_num_seqs": concurrency, "speculative_config": speculative})  # fmt: skip

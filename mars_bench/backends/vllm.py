@@ -73,15 +73,21 @@ def check_vllm_installed(asker: str) -> None:
                          f"acceptance function of vLLM {TESTED_VLLM}")  # fmt: skip
 
 
+def draft_model_config(draft_path: str, gamma: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for its draft-model speculation: ``gamma`` drafts a step from the draft
+    checkpoint at ``draft_path``."""
+    return {"method": DRAFTERS["model"], "model": draft_path, "num_speculative_tokens": gamma}
+
+
 def speculative_config(spec: MethodSpec, cfg: Any) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for the method (None for the baseline)."""
     if not spec.drafts:
         return None
     method = DRAFTERS[spec.drafter]
+    if method == DRAFTERS["model"]:
+        return draft_model_config(str(resolve_model(cfg.model.draft_model).path), spec.length.gamma)
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": spec.length.gamma}
-    if method == "draft_model":
-        config["model"] = str(resolve_model(cfg.model.draft_model).path)
-    elif method == "eagle3":
+    if method == "eagle3":
         config["model"] = str(resolve_model(cfg.model.eagle3_head).path)
     else:
         config["prompt_lookup_min"] = spec.drafter_settings.min_ngram

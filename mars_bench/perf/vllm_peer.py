@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mars_bench.backends.vllm import MAX_MODEL_LEN, VllmWorker, check_vllm_installed
+from mars_bench.backends.vllm import MAX_MODEL_LEN, VllmWorker, check_vllm_installed, draft_model_config
 from mars_bench.serving.install import vllm_python
 
 VLLM_PEERS = ("vllm", "vllm-spec")  # --peers: vLLM's AR, and its draft-model speculative decoding
@@ -31,11 +31,6 @@ def check_vllm_peers(peers: tuple[str, ...]) -> None:
         check_vllm_installed(f"--peers {' '.join(asked)}")
 
 
-def speculative_config(draft_path: str, gamma: int) -> dict[str, Any]:
-    """vLLM's draft-model speculation: ``gamma`` drafts a step from the draft checkpoint at ``draft_path``."""
-    return {"method": "draft_model", "model": draft_path, "num_speculative_tokens": gamma}
-
-
 class VllmEngines:
     """The vLLM engines a suite times: ``"vllm"`` without speculation, ``"vllm-spec"`` with it."""
 
@@ -45,7 +40,7 @@ class VllmEngines:
         self.engines: dict[str, VllmWorker] = {}
         try:
             for peer in (peer for peer in VLLM_PEERS if peer in peers):
-                spec = speculative_config(draft_path, gamma) if peer == "vllm-spec" else None
+                spec = draft_model_config(draft_path, gamma) if peer == "vllm-spec" else None
                 load = {"op": "load", "model": target_path, "dtype": dtype, "seed": 0, "max_model_len": MAX_MODEL_LEN,
                         "max_num_seqs": 1, "enforce_eager": ENFORCE_EAGER, "speculative_config": spec}  # fmt: skip
                 worker = VllmWorker(vllm_python(), None, self.folder, peer, {"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GB})
