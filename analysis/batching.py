@@ -12,14 +12,14 @@ batched forward of B rows x width tokens, timed in isolation) the model gives ea
 - an autoregressive step: one target forward of ``b`` rows x 1 token.
 
 Everything else (verification, sampling, cache bookkeeping) is left out, so a measured speedup below
-the prediction shows what that costs. Those forward costs are this package's engine's; rows another
-backend ran are priced by that engine's own step times where its records carry them
-(``engine_step_costs``: vLLM's whole steps, drafting and verification inside), and not at all where
-not. Predicted and measured speedups are throughput ratios: all rows' new tokens over the batches'
-time, method against its baseline at the same B; the prefill of both sides is taken as measured. The
-same model, fed the recorded steps of every row of a task and rule (acceptance does not depend on B) in
-batches of each timed B, extrapolates the speedup to batch sizes not run and gives the batch size where
-speculative decoding stops paying.
+the prediction shows what that costs. Those forward costs are this package's engine's, so they price only
+rows whose records say that engine decoded them (``own_engine``); rows of another engine are priced by
+its own step times where their records carry them (``engine_step_costs``: vLLM's whole steps, drafting
+and verification inside), and not at all where not. Predicted and measured speedups are throughput
+ratios: all rows' new tokens over the batches' time, method against its baseline at the same B; the
+prefill of both sides is taken as measured. The same model, fed the recorded steps of every row of a
+task and rule (acceptance does not depend on B) in batches of each timed B, extrapolates the speedup to
+batch sizes not run and gives the batch size where speculative decoding stops paying.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mars_bench.bench.records import BASELINE, EARLIER_BACKEND
+from mars_bench.bench.records import BASELINE
 from mars_bench.bench.stats import percentile_ci
 from mars_bench.bench.summary import finished
 from mars_bench.common.strict_rule import strict_verifier
@@ -97,9 +97,6 @@ class BatchCosts:
         return _grid_interpolate(self.drafter, rows, width)
 
 
-OWN_ENGINE = EARLIER_BACKEND  # the backend whose forwards batch_costs.json times: this package's engine (it ran every older row)
-
-
 def engine_step_costs(frame: pd.DataFrame) -> dict[tuple[str, str], BatchCosts]:
     """Per (model, backend) whose rows carry a serving engine's own timed steps (``engine_step_s``, with the
     requests each served, ``engine_step_rows``): the cost model's step seconds read from them, as a table of
@@ -132,10 +129,12 @@ def engine_step_costs(frame: pd.DataFrame) -> dict[tuple[str, str], BatchCosts]:
     return costs
 
 
-def costs_of(model: str, backend: str, costs: BatchCosts | None, engine: dict[tuple[str, str], BatchCosts]) -> BatchCosts | None:
-    """What prices the rows ``backend`` ran for ``model``: that engine's own steps where recorded, else
-    ``costs`` (``batch_costs.json``, timed in this package's engine) for this package's engine, else none."""
-    return engine.get((model, backend), costs if backend == OWN_ENGINE else None)
+def costs_of(rows: pd.DataFrame, costs: BatchCosts | None, engine: dict[tuple[str, str], BatchCosts]) -> BatchCosts | None:
+    """What prices ``rows`` (one model's, run by one backend): their engine's own steps where recorded, else
+    ``costs`` (``batch_costs.json``, timed in this package's engine) where that engine decoded them (their
+    ``own_engine``), else none."""
+    first = rows.iloc[0]
+    return engine.get((first["model"], first["backend"]), costs if first["own_engine"] else None)
 
 
 def find_costs(folders: list[str | Path]) -> BatchCosts | None:
@@ -283,7 +282,7 @@ def batching_table(frame: pd.DataFrame, costs: BatchCosts | None, include_distur
                  **dict(zip(("tau_ci_low", "tau_ci_high"), tau_ci(rows))),
                  "peak_memory_mb": rows["peak_memory_mb"].max() if "peak_memory_mb" in rows else np.nan,
                  "peak_memory_base_mb": base["peak_memory_mb"].max() if "peak_memory_mb" in base else np.nan}  # fmt: skip
-        priced = costs_of(model, rows["backend"].iloc[0], costs, engine)
+        priced = costs_of(rows, costs, engine)
         if priced is not None:
             mine, theirs = modelled(rows, priced), modelled(base, priced)
             predicted = (tokens / mine.seconds) / (base_tokens / theirs.seconds)
@@ -329,7 +328,7 @@ def extrapolated(frame: pd.DataFrame, costs: BatchCosts | None, seed: int = 0) -
     engine = engine_step_costs(ok)
     out = []
     for (model, task, temperature, label), rows in methods.groupby(KEYS, sort=True):
-        priced = costs_of(model, rows["backend"].iloc[0], costs, engine)
+        priced = costs_of(rows, costs, engine)
         if priced is None:
             continue
         columns = ["run_dir", "cell", "question_id", "turn", "batch_size", "new_tokens", "prefill_s", "batch_rows"]

@@ -7,6 +7,7 @@ before any model is loaded.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
@@ -239,16 +240,89 @@ def method_spec(cfg: Any) -> MethodSpec:
 
 
 def tuning_words(cfg: Any) -> str:
-    """What the run's drafter tuning did: ``tuning=cpu (conf/drafter_tuning/<file>.yaml)``, or that none applied."""
+    """What the run's drafter tuning did: ``tuning=cpu (conf/drafter_tuning/<file>.yaml)``, or that none applied
+    and why."""
     if cfg.get("tuned"):
         return f"tuning={cfg.tuning} (conf/drafter_tuning/{cfg.tuned}.yaml)"
     if cfg.tuning == "none":
         return "tuning=none (the drafter's own defaults)"
+    if not own_engine(cfg.backend):
+        return (f"tuning={cfg.tuning} (not applied to backend={cfg.backend}: drafter tunings are measured in this "
+                "package's engine; the drafter's own defaults)")  # fmt: skip
     return f"tuning={cfg.tuning} (none measured for model={cfg.model.name} drafter={cfg.drafter.name}: its own defaults)"
 
 
+def own_engine(backend: str) -> bool:
+    """Whether ``backend=backend`` decodes with this package's engine (its ``Backend.own_engine``); False for a name
+    no backend registered (its own check refuses it)."""
+    from mars_bench.backends.base import backend_class
+
+    try:
+        return backend_class(backend).own_engine
+    except ValueError:
+        return False
+
+
+def take_back_tuning(cfg: Any) -> None:
+    """Under a backend that is not this package's engine, put back, in place, the drafter keys the run's drafter
+    tuning (``tuned``) set, and set ``tuned`` to null: a tuning is measured in this package's engine, as a whole
+    (``gamma=20`` is the cap of confidence-stopped drafts, not a fixed length), and another engine runs other
+    drafts. A key the command line typed stays, for the backend's check to take or refuse; so does one a later
+    config (an experiment) set to another value. A tuning file found neither in conf/ nor on the run's search
+    path stays applied, its keys judged as typed."""
+    if not cfg.get("tuned") or own_engine(cfg.backend):
+        return
+    tuning = option_file(cfg, "drafter_tuning", cfg.tuned)
+    if tuning is None:
+        return
+    typed, loaded = typed_drafter_keys(cfg), drafter_as_loaded(cfg, cfg.drafter.name)
+    for key, value in (OmegaConf.load(tuning).get("drafter") or {}).items():
+        if key not in typed and key in loaded and cfg.drafter[key] == value:
+            cfg.drafter[key] = loaded[key]
+    cfg.tuned = None
+
+
+def hydra_settings(cfg: Any) -> Any:
+    """Hydra's own node of the run (its overrides, its search path): the composed config's, else the running
+    job's; None where Hydra runs nothing (a config composed with ``hydra.compose``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if "hydra" in cfg:
+        return cfg.hydra
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def typed_drafter_keys(cfg: Any) -> set[str]:
+    """The drafter keys the command line set (``drafter.KEY=...``); none known outside a Hydra run."""
+    settings = hydra_settings(cfg)
+    overrides = list(settings.overrides.task) if settings is not None else []
+    return {override.key_or_group.split(".", 1)[1] for override in parsed_overrides(overrides)
+            if override.key_or_group.startswith("drafter.")}  # fmt: skip
+
+
+def option_file(cfg: Any, group: str, option: str) -> Path | None:
+    """``<root>/<group>/<option>.yaml`` in conf/ or a folder of the run's search path (``hydra.searchpath``), or None."""
+    settings = hydra_settings(cfg)
+    folders = [str(entry) for entry in (settings.searchpath if settings is not None else [])]
+    roots = [CONF_DIR, *(Path(entry.removeprefix("file://")) for entry in folders if entry.startswith("file://"))]
+    return next((path for root in roots if (path := Path(root) / group / f"{option}.yaml").is_file()), None)
+
+
+def drafter_as_loaded(cfg: Any, name: str) -> dict[str, Any]:
+    """The drafter node ``drafter=name`` composes to before any tuning: its schema's defaults, then the keys its
+    option file (``conf/drafter/<name>.yaml``) sets."""
+    loaded = OmegaConf.structured(DRAFTER_SCHEMAS[name]) if name in DRAFTER_SCHEMAS else OmegaConf.create()
+    option = option_file(cfg, "drafter", name)
+    if option is not None:
+        loaded = OmegaConf.merge(loaded, {key: value for key, value in OmegaConf.load(option).items() if key != "defaults"})
+    return OmegaConf.to_container(loaded)
+
+
 def run_line(cfg: Any) -> str:
-    """The run's first line: the method it runs with every drafter and verifier setting, and its tuning."""
+    """The run's first line: the method it runs with every drafter and verifier setting, and its tuning (as the
+    run's backend takes it: ``take_back_tuning``)."""
+    cfg = copy.deepcopy(cfg)
+    take_back_tuning(cfg)
     try:
         spec = method_spec(cfg)
         drafter = f"{cfg.drafter.name}(length={spec.length.length},{spec.drafter_setting})"
@@ -522,15 +596,17 @@ def check_batch_settings(cfg: Any) -> None:
 
 
 def check_run_config(cfg: Any) -> None:
-    """Check every range and name before any model is loaded (ValueError, one line)."""
+    """Check every range and name before any model is loaded (ValueError, one line), once the drafter tuning is
+    taken back where the backend does not take it (``take_back_tuning``: the one change made to ``cfg``)."""
+    take_back_tuning(cfg)
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
     spec = method_spec(cfg)
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
-    from mars_bench.backends import TransformersBackend, check_backend_config
+    from mars_bench.backends import check_backend_config
 
     check_backend_config(cfg, spec)
-    if cfg.batch_size > 1 and cfg.backend == TransformersBackend.name:  # this package's batched engine
+    if cfg.batch_size > 1 and own_engine(cfg.backend):  # this package's batched engine
         from mars_bench.drafting.batched import check_batch_drafter
 
         check_batch_drafter(cfg.drafter.name)

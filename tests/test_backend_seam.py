@@ -3,7 +3,8 @@
 The test backend here replays a recorded trace: a first cell runs on the transformers backend, recording each
 request's ``DecodeResult``; a second cell, on a backend with no model at all, answers every request from that
 recording. The cell, its records, its summary and the analysis take the second backend's rows as they take the
-first's, and tell them apart only by the rows' ``backend`` field."""
+first's, and tell them apart only by the rows' ``backend`` field and what the backend declares of itself
+(``own_engine``: the recording backend is this package's engine, the replay not)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def recorded_and_replayed(tmp_path_factory, tiny_target):
     return recorded, replayed
 
 
-DIFFERENT = {"backend", "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed", "peak_memory_mb"}
+DIFFERENT = {"backend", "own_engine", "other_cpu_s", "other_load", "other_gpu_util", "disturbed", "retimed", "peak_memory_mb"}
 
 
 @pytest.mark.slow  # over a second with its fixture
@@ -95,6 +96,7 @@ def test_a_second_backend_runs_the_cell_with_nothing_else_changed(recorded_and_r
     for row in replayed:
         original = by_key[key(row)]
         assert row["status"] == "ok" and (original["backend"], row["backend"]) == ("recording", "replay")
+        assert (original["own_engine"], row["own_engine"]) == (True, False)  # each class's Backend.own_engine
         assert {name: value for name, value in row.items() if name not in DIFFERENT} == {
             name: value for name, value in original.items() if name not in DIFFERENT
         }  # tokens, text, score, per-step trace, shadows, timings: all as recorded

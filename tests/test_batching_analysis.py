@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from mars_bench.analysis.__main__ import main
 from mars_bench.analysis.batching import (
+    COSTS_FILE,
     ENGINE_STEPS,
     BatchCosts,
     batching_table,
@@ -196,3 +198,45 @@ def test_vllms_rows_are_priced_by_its_own_step_times_and_never_by_this_engines_f
     assert "predicted_speedup" not in unpriced  # vLLM rows without their steps: this engine's costs would be wrong
     with pytest.raises(NotEnoughData, match="have costs"):
         extrapolated(gather([tmp_path / "old"]), costs())
+
+
+def rewritten(source, folder, **fields):
+    """``source``'s records files copied below ``folder``, every row with ``fields`` set (a newer writer's rows)."""
+    for records in sorted(source.rglob("records.jsonl")):
+        rows = [{**json.loads(line), **fields} for line in records.read_text().splitlines()]
+        write_cell(folder / records.parent.relative_to(source), rows)
+    return folder
+
+
+def priced_tables(folder) -> tuple:
+    frame = gather([folder])
+    return batching_table(frame, costs()), extrapolated(frame, costs())
+
+
+@pytest.mark.parametrize("with_steps", [True, False])
+def test_records_of_schema_14_say_which_engine_decoded_them_and_older_ones_are_priced_as_before(sweep, tmp_path, with_steps):
+    """Our engine's rows and vLLM's, written before ``own_engine`` (schemas 9 and 13) and with it (14), give the same
+    tables: the field an older row lacks is what its backend's name implied."""
+    old_vllm = vllm_sweep(tmp_path / "vllm", with_steps=with_steps)
+    for old, engine in ((sweep, True), (old_vllm, False)):
+        new = rewritten(old, tmp_path / f"new_{engine}", schema_version=14, own_engine=engine)
+        assert set(gather([old])["own_engine"]) == set(gather([new])["own_engine"]) == {engine}
+        if engine or with_steps:
+            for before, after in zip(priced_tables(old), priced_tables(new)):
+                pd.testing.assert_frame_equal(before, after)
+        else:  # vLLM's rows without their steps: priced neither way
+            assert "predicted_speedup" not in batching_table(gather([new]), costs())
+
+
+def test_batch_costs_price_the_rows_whose_records_say_our_engine_decoded_them_whatever_the_backends_name(sweep, tmp_path):
+    """A backend of its own name on this package's engine (a subclass of the transformers backend) is priced by
+    batch_costs.json as ``transformers`` is; rows that say another engine decoded them are not, whatever the name."""
+    ours, _ = priced_tables(sweep)
+    logging = rewritten(sweep, tmp_path / "logging", schema_version=14, backend="logging", own_engine=True)
+    table, _ = priced_tables(logging)
+    assert table["predicted_speedup"].tolist() == pytest.approx(ours["predicted_speedup"].tolist())
+    assert (table["costs"] == COSTS_FILE).all()
+    other = rewritten(sweep, tmp_path / "other", schema_version=14, own_engine=False)  # named transformers
+    assert "predicted_speedup" not in batching_table(gather([other]), costs())
+    with pytest.raises(NotEnoughData, match="have costs"):
+        extrapolated(gather([other]), costs())

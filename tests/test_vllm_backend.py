@@ -27,8 +27,7 @@ from mars_bench.serving import vllm_plugin
 from mars_bench.serving.install import TESTED_VLLM, installed_vllm, vllm_python
 from mars_bench.serving.vllm_plugin import (
     PLACEHOLDER,
-    StepJudge,
-    check_vllm,
+    FlatDraftsJudge,
     expand_batch_to_tokens,
     expands_floats,
     output_rows,
@@ -111,24 +110,11 @@ def test_our_expansion_of_per_request_settings_over_draft_rows_keeps_floats():
     assert expands_floats(expand_batch_to_tokens)
 
 
-def test_a_vllm_whose_acceptance_function_changed_is_refused_in_one_line():
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
-                         synthetic_conditional_rates=None, use_fp64_gumbel=False):  # fmt: skip
-        pass
-
-    check_vllm(TESTED_VLLM, rejection_sample)
-    with pytest.raises(RuntimeError, match=rf"^vLLM 0\.33\.0 is not the tested one: .* of vLLM {TESTED_VLLM} "):
-        check_vllm("0.33.0", rejection_sample)
-    with pytest.raises(RuntimeError, match=r"this one takes draft_token_ids, target_logits$"):
-        check_vllm(TESTED_VLLM, lambda draft_token_ids, target_logits: None)
-
-
 def test_a_mixed_or_synthetic_batch_is_refused():
     class Metadata:
         all_greedy, all_random, generators = False, False, {}
 
-    judge = StepJudge(get_verifier("exact"), builtin=None)
+    judge = FlatDraftsJudge(get_verifier("exact"), builtin=None)
     flat = flat_step([1])
     args = (flat["draft_token_ids"], [1], 1, torch.tensor([1]), None, flat["target_logits"], flat["bonus_token_ids"])
     with pytest.raises(RuntimeError, match="mixes greedy and sampled requests"):
@@ -184,7 +170,7 @@ class Metadata:
 def test_the_plugin_traces_each_requests_costs_as_step_costs_on_its_own_step(greedy, tmp_path, monkeypatch):
     """With fidelity on, the trace gives per request (None without drafts) what ``step_costs`` gives for the live
     rule and the shadow on the request's own step with the drafts each kept; KL is None in greedy mode."""
-    judge = StepJudge(get_verifier("mars", theta=0.5), builtin=None, trace=tmp_path / "trace.jsonl")
+    judge = FlatDraftsJudge(get_verifier("mars", theta=0.5), builtin=None, trace=tmp_path / "trace.jsonl")
     judge.shadows = [get_verifier("rejection")]
     monkeypatch.setattr(vllm_plugin, "JUDGES", [judge])
     set_fidelity(True)
@@ -203,7 +189,7 @@ def test_the_plugin_traces_each_requests_costs_as_step_costs_on_its_own_step(gre
 
 
 def test_fidelity_under_vllms_own_rule_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setattr(vllm_plugin, "JUDGES", [StepJudge(None, builtin=None)])
+    monkeypatch.setattr(vllm_plugin, "JUDGES", [FlatDraftsJudge(None, builtin=None)])
     set_fidelity(False)
     with pytest.raises(RuntimeError, match=r"^fidelity=true is not computed for vLLM's own rule: allowed with "
                                            r"fidelity=true is a verifier of this package live \(verifier=exact, "):  # fmt: skip
@@ -294,7 +280,8 @@ def test_vllm_missing_or_of_another_version_is_refused_in_one_line(tmp_path, mon
                                          r"`python -m mars_bench.serving.install`"):  # fmt: skip
         check_run_config(cfg)
     monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, "0.31.0")))
-    with pytest.raises(ValueError, match=rf"^vLLM 0\.31\.0 \(at .*\) is not the tested one: .* of vLLM {TESTED_VLLM}$"):
+    with pytest.raises(ValueError, match=r"^vLLM 0\.31\.0 is not supported: backend=vllm supports vLLM 0\.32\.0 to "
+                                         r"0\.34\.0 .* \(at .*; backend=vllm\)$"):  # fmt: skip
         check_run_config(cfg)
 
 
@@ -438,6 +425,15 @@ def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_
     relaxed = sum(step["relaxed"] for result in answer["results"] for step in result["steps"])
     steps = dumped_steps(spec_worker)
     assert steps and relaxed > 0  # the margin rule kept drafts the strict rule would not
+    # What the verifier reports per judged depth reaches the records as our engine's rows carry it: the trigger
+    # count and the verified positions behind the summary's trigger rate.
+    results = [decode_result(result, len(prompt), ()) for result, prompt in zip(answer["results"], prompts)]
+    records = [step for result in results for step in result.steps if step.drafted]
+    assert all(len(s.top1_logits) == len(s.top2_logits) == len(s.margins) == len(s.reasons) == len(s.triggered)
+               for s in records)  # fmt: skip
+    assert all(s.top1_logits[d] >= s.top2_logits[d] for s in records for d in range(len(s.reasons)))
+    assert all(sum(s.triggered) >= s.relaxed for s in records)  # a relaxed draft needs the trigger
+    assert 0 < sum(result.trigger_count for result in results) < sum(len(s.top1_logits) for s in records)
     for saved in steps:
         for b, alone in enumerate(own_steps(saved["step"])):
             verdict = mars.verify(alone)

@@ -7,12 +7,27 @@ Everything a backend builds for a method (a drafter on its models, a verifier) s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mars_bench.decoding.trace import DecodeResult
 from mars_bench.method import MethodSpec
+
+
+class EngineStopped(RuntimeError):
+    """A backend's engine is gone for good (its process died): the cell stops there, keeping the rows it wrote for a
+    rerun to resume, instead of failing every later batch."""
+
+
+@dataclass(frozen=True)
+class MethodsPlan:
+    """How a cell holds its methods: ``together`` (all prepared first, alternating per chunk), or one after the
+    other (each prepared, run over every question, then released: the baseline's rows first). ``line``: the
+    decision and its figures, in one line (None: nothing to say)."""
+
+    together: bool = True
+    line: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,10 @@ class Backend(ABC):
     # serves them as a queue, batch_size in flight, a finished request's slot going to a waiting one (the cell
     # gives it every question of a turn at once when batch_size > 1; at 1, one at a time, each its own batch).
     serves_a_queue: ClassVar[bool] = False
+    # True: this package's engine (``decoding/``) decodes, so its records' steps are the batched forwards that
+    # ``python -m mars_bench.perf.batch_costs`` times (analysis/batching.py prices them so) and the drafter tunings
+    # (conf/drafter_tuning, measured in that engine) apply. False: another engine, which neither describes.
+    own_engine: ClassVar[bool] = False
 
     @property
     @abstractmethod
@@ -97,6 +116,15 @@ class Backend(ABC):
     def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
         """Decode ``requests`` together with ``method``: one result per prompt, in order."""
 
+    def plan_methods(self, methods: Mapping[str, MethodSpec]) -> MethodsPlan:
+        """Whether ``methods`` (label -> spec, in the order they would run one at a time) may be prepared and held
+        together; ValueError, in one line, where not even one can be. Asked before any is prepared."""
+        return MethodsPlan()  # the transformers backend's methods share the loaded models
+
+    def release(self, method: PreparedMethod) -> None:
+        """Let go of what ``prepare`` built for ``method`` once the cell is done with it."""
+        return None
+
     def close(self) -> None:
         """Let go of what the backend started (processes, engines) once its cell is done; models a
         process-wide cache keeps for the next cell stay."""
@@ -119,6 +147,14 @@ def register_backend(name: str, factory: BackendFactory, check: BackendCheck | N
 
 def available_backends() -> list[str]:
     return sorted(_BACKENDS)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class ``backend=name`` builds, whose ClassVars say how it differs (``own_engine``, ...); ``Backend``
+    itself for a factory that is not a class (it declares nothing). ValueError, in one line, for an unknown name."""
+    check_backend(name)
+    factory = _BACKENDS[name]
+    return factory if isinstance(factory, type) and issubclass(factory, Backend) else Backend
 
 
 def check_backend(name: str) -> None:

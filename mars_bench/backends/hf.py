@@ -76,6 +76,7 @@ class TransformersBackend(Backend):
     """The engine of ``decoding/`` on the cell's target (and draft model), loaded with transformers."""
 
     name: ClassVar[str] = "transformers"
+    own_engine: ClassVar[bool] = True
 
     def __init__(self, cfg: Any) -> None:
         self.loaded = load_models(cfg)

@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import resource
+import select
+import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mars_bench.backends.base import Backend, PreparedMethod, Requests
+from mars_bench.backends import vllm_memory
+from mars_bench.backends.base import Backend, EngineStopped, MethodsPlan, PreparedMethod, Requests
+from mars_bench.backends.vllm_memory import EngineFigures, MemoryFigures, MemoryPlan, OomWitness, gib
 from mars_bench.common import engine_processes
 from mars_bench.common.kernels import DEFAULT_KERNELS
 from mars_bench.decoding.fidelity import PositionCosts
@@ -29,48 +37,57 @@ from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.method import MethodSpec
 from mars_bench.models.loading import stop_tokens_of
 from mars_bench.models.sources import resolve_model
-from mars_bench.serving.install import COMMAND, PYTHON_ENV, TESTED_VLLM, installed_vllm, vllm_python
+from mars_bench.serving.install import COMMAND, PYTHON_ENV, installed_vllm, vllm_python
+from mars_bench.serving.vllm_versions import hooks_of, supported_range
 
 DRAFTERS = {"model": "draft_model", "lookup": "ngram", "eagle3": "eagle3"}  # ours -> vLLM's method
 MAPPED_SETTINGS = {"lookup": ("min_ngram", "max_ngram")}  # drafter settings vLLM takes (speculative_config)
 MAX_MODEL_LEN = 4096  # prompt and answer, in tokens: what vLLM sizes its KV cache for
+KV_CACHE_GIB = "4"  # VLLM_CPU_KVCACHE_SPACE of each engine (GiB) where the environment sets none
+WORKER_MODULE = "mars_bench.serving.vllm_worker"
+CPU_BUILD = "vllm-cpu"  # the distribution of vLLM's CPU build (what ``python -m mars_bench.serving.install`` installs)
 
 
 def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
-    """Refuse, in one line and before any model loads, what ``backend=vllm`` cannot run (``spec``: the cell's method)."""
+    """Refuse, in one line and before any model loads, what ``backend=vllm`` cannot run (``spec``: the cell's method):
+    every key at once, with the one override that runs. (A drafter tuning does not reach here: it is measured in this
+    package's engine, and ``config.take_back_tuning`` takes it back for vLLM.)"""
     from mars_bench.drafting import build_settings
     from mars_bench.drafting.batched import cli_value
 
     drafter = cfg.drafter.name
     if drafter not in (*DRAFTERS, "none"):
         raise ValueError(f"drafter={drafter} does not run in vLLM: allowed with backend=vllm are {', '.join(DRAFTERS)}")
-    tuned = cfg.get("tuned")
-    source = f" (set by tuning={cfg.tuning}, measured for this package's engine; tuning=none drafts without it)" if tuned else ""
+    refused, allowed = [], []
     if drafter != "none" and cfg.drafter.length != "fixed":
-        raise ValueError(f"drafter.length={cfg.drafter.length}{source} does not run in vLLM, which drafts gamma tokens a "
-                         "step: allowed with backend=vllm is drafter.length=fixed")  # fmt: skip
+        refused.append(f"drafter.length={cfg.drafter.length} does not run in vLLM, which drafts gamma tokens a step")
+        allowed.append("drafter.length=fixed")
     settings, defaults = spec.drafter_settings, build_settings(drafter)
-    for key in (item.name for item in dataclasses.fields(settings) if item.name not in MAPPED_SETTINGS.get(drafter, ())):
-        if getattr(settings, key) != getattr(defaults, key):
-            raise ValueError(f"drafter.{key}={cli_value(getattr(settings, key))}{source} is not a setting of vLLM's drafter: "
-                             f"allowed with backend=vllm is drafter.{key}={cli_value(getattr(defaults, key))}")  # fmt: skip
+    unmapped = [item.name for item in dataclasses.fields(settings) if item.name not in MAPPED_SETTINGS.get(drafter, ())]
+    if changed := [key for key in unmapped if getattr(settings, key) != getattr(defaults, key)]:
+        named = ", ".join(f"drafter.{key}={cli_value(getattr(settings, key))}" for key in changed)
+        refused.append(f"{named} {'is not a setting' if len(changed) == 1 else 'are not settings'} of vLLM's drafter")
+        allowed += [f"drafter.{key}={cli_value(getattr(defaults, key))}" for key in changed]
     kernels = getattr(cfg.model, "kernels", DEFAULT_KERNELS)
     if kernels != DEFAULT_KERNELS:
-        raise ValueError(f"model.kernels={kernels} chooses the linear layers of this package's engine; vLLM runs its own: "
-                         "allowed with backend=vllm is model.kernels=auto")  # fmt: skip
+        refused.append(f"model.kernels={kernels} chooses the linear layers of this package's engine; vLLM runs its own")
+        allowed.append(f"model.kernels={DEFAULT_KERNELS}")
+    if refused:
+        raise ValueError(f"{'; '.join(refused)}: allowed with backend=vllm is {' '.join(allowed)}")
     check_vllm_installed("backend=vllm")
 
 
 def check_vllm_installed(asker: str) -> None:
-    """ValueError, in one line naming ``asker`` (what needs vLLM), unless vLLM's environment holds the tested vLLM."""
+    """ValueError, in one line naming ``asker`` (what needs vLLM), unless vLLM's environment holds a supported vLLM."""
     python = vllm_python()
     version = installed_vllm(python)
     if version is None:
         raise ValueError(f"{asker} needs vLLM, which {python} does not have: install it with `{COMMAND}` "
-                         f"(or set {PYTHON_ENV} to a Python with vLLM {TESTED_VLLM} and mars_bench)")  # fmt: skip
-    if version != TESTED_VLLM:
-        raise ValueError(f"vLLM {version} (at {python}) is not the tested one: {asker} was tested with the engine and "
-                         f"acceptance function of vLLM {TESTED_VLLM}")  # fmt: skip
+                         f"(or set {PYTHON_ENV} to a Python with vLLM {supported_range()} and mars_bench)")  # fmt: skip
+    try:
+        hooks_of(version)
+    except ValueError as error:
+        raise ValueError(f"{error} (at {python}; {asker})") from None
 
 
 def draft_model_config(draft_path: str, gamma: int) -> dict[str, Any]:
@@ -95,25 +112,84 @@ def speculative_config(spec: MethodSpec, cfg: Any) -> dict[str, Any] | None:
     return config
 
 
+def vllm_on_cpu(python: Path) -> bool:
+    """Whether ``python``'s vLLM runs on the CPU: its distribution is ``CPU_BUILD`` or its version a ``+cpu`` build;
+    where neither can be read, whether this process sees no GPU."""
+    probe = ("import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
+             "        print(name, m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
+    try:
+        found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+        name, version = found.stdout.split()
+    except (OSError, subprocess.SubprocessError, ValueError):  # no such Python, or not the probe's answer
+        import torch
+
+        return not torch.cuda.is_available()
+    return name == CPU_BUILD or version.endswith("+cpu")
+
+
+def engine_folders(cfg: Any, spec: MethodSpec) -> list[Path]:
+    """The checkpoints the engine of ``spec`` loads: the target, and the method's draft model or EAGLE head."""
+    drafter = speculative_config(spec, cfg) or {}
+    return [Path(resolve_model(cfg.model.target).path), *([Path(drafter["model"])] if "model" in drafter else [])]
+
+
+def memory_plan(cfg: Any, methods: Mapping[str, MethodSpec]) -> MemoryPlan:
+    """The plan (``vllm_memory.plan_memory``) of one engine per method (label -> spec, in the order they would
+    run one at a time) on this machine, now; ValueError, in one line, where not even one engine fits."""
+    on_cpu = vllm_on_cpu(vllm_python())
+    kv = vllm_memory.kv_space(os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)) if on_cpu else 0
+    engines = tuple(EngineFigures(label, vllm_memory.weight_bytes(engine_folders(cfg, spec), cfg.model.dtype) if on_cpu
+                                  else 0, kv, vllm_memory.WORKER_OVERHEAD) for label, spec in methods.items())  # fmt: skip
+    figures = MemoryFigures(engines, vllm_memory.available_memory(), vllm_memory.HARNESS_MARGIN, cfg.model.dtype, on_cpu)
+    return vllm_memory.plan_memory(figures)
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """A process's end from its ``Popen.returncode``: the signal that killed it, by name, or its exit code."""
+    if returncode is None:
+        return "ended"
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+
+
+def last_line(path: Path, tail: int = 4096) -> str | None:
+    """The last non-empty line of the file at ``path`` (read from its last ``tail`` bytes), None where none."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(handle.seek(0, os.SEEK_END) - tail, 0))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    return lines[-1][:300] if lines else None
+
+
 class VllmWorker:
     """One worker process in vLLM's environment, speaking JSON lines (``serving/vllm_worker.py``)."""
 
     def __init__(self, python: Path, verifier: dict[str, Any] | None, folder: Path, label: str,
-                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 extra_env: dict[str, str] | None = None, command: Sequence[str] | None = None) -> None:  # fmt: skip
+        """``command``: what starts the worker, ``--reply-fd N`` after it (default ``python -m WORKER_MODULE``;
+        the tests' stand-in speaks the same protocol)."""
+        self.label = label
         self.log = folder / f"{label}.log"
         self.trace = folder / f"{label}.trace.jsonl"
         source = str(Path(__file__).resolve().parents[2])  # this package's copy, whatever the environment holds
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MARS_BENCH_VLLM_TRACE": str(self.trace),
                "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if verifier is not None:
             env["MARS_BENCH_VLLM_VERIFIER"] = json.dumps(verifier)
         env.update(extra_env or {})
+        self.witness = OomWitness.now()  # what the kernel had said of the OOM killer before this worker ran
         read, write = os.pipe()
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
-                [str(python), "-m", "mars_bench.serving.vllm_worker", "--reply-fd", str(write)],
+                [*(command or (str(python), "-m", WORKER_MODULE)), "--reply-fd", str(write)],
                 stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write,), env=env, text=True,
             )  # fmt: skip
         engine_processes.adopt(self.process.pid)  # its CPU time is this run's work, not another process's
@@ -121,15 +197,67 @@ class VllmWorker:
         self.replies = os.fdopen(read)
 
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-        line = self.replies.readline()
+        """The worker's answer to ``message``: RuntimeError, in one line, for a failure it reports;
+        ``EngineStopped``, in one line saying how it died, where it died before answering."""
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+            line = self.reply()
+        except BrokenPipeError:  # it had died before it could read the message
+            line = ""
         if not line:
-            raise RuntimeError(f"the vLLM worker stopped (exit {self.process.wait()}): see {self.log}")
+            raise EngineStopped(self.death(message.get("op")))
         answer = json.loads(line)
         if "error" in answer:
             raise RuntimeError(f"vLLM: {answer['error']} (see {self.log})")
         return answer
+
+    def reply(self) -> str:
+        """The worker's next line, or "" once it has ended: a process it started may hold the pipe open after it died,
+        so its end is looked for each second (without reaping it: ``reap`` reads its peak memory)."""
+        while not select.select([self.replies], [], [], 1.0)[0]:
+            try:
+                if os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return ""
+            except ChildProcessError:  # reaped already
+                return ""
+        return self.replies.readline()
+
+    def reap(self, timeout: float = 10.0) -> tuple[int | None, int | None]:
+        """The return code of the worker, which has stopped answering (``Popen.returncode``: minus the signal that
+        killed it), and its peak resident bytes as the kernel counts them (None where it was reaped before); a worker
+        that has not ended within ``timeout`` seconds is killed (it answers no more, and may hold an engine's memory)."""
+        deadline = time.monotonic() + timeout
+        while self.process.returncode is None:
+            try:
+                pid, status, usage = os.wait4(self.process.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: Popen knows how it ended
+                self.process.poll()
+                break
+            if pid:
+                self.process.returncode = os.waitstatus_to_exitcode(status)
+                return self.process.returncode, usage.ru_maxrss * 1024  # Linux counts it in KiB
+            if time.monotonic() > deadline:
+                self.process.kill()
+                deadline = math.inf
+            time.sleep(0.05)
+        return self.process.returncode, None
+
+    def death(self, op: str | None) -> str:
+        """How the worker died, in one line: its exit code or the signal that killed it, its peak memory, whether
+        the OOM killer killed it (where the kernel says), the last line of its log where it exited, and the log."""
+        returncode, peak = self.reap()
+        doing = {"load": " while it loaded its engine", "generate": " during a generate call"}.get(op or "", "")
+        line = f"the vLLM worker of {self.label} {how_it_ended(returncode)}{doing}"
+        # A child's peak counts its parent's image it was forked (vforked) from until it exec'd: above this
+        # process's own peak, it is the worker's own.
+        if peak and peak > resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024:
+            line += f", at a peak of {gib(peak)} resident"
+        if returncode == -signal.SIGKILL:
+            line += f" ({self.witness.verdict(OomWitness.now(), self.process.pid)})"
+        elif (ending := last_line(self.log)) is not None:
+            line += f" (its log ends: {ending})"
+        return f"{line}; its log: {self.log}"
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -139,6 +267,12 @@ class VllmWorker:
                 self.process.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
+                self.process.wait()
+        try:
+            self.process.stdin.close()
+        except OSError:  # a dead worker's pipe, with a message still buffered for it
+            pass
+        self.replies.close()
         engine_processes.release(self.process.pid)
 
 
@@ -152,8 +286,11 @@ def step_record(step: dict[str, Any]) -> StepRecord:
     """One traced step of a request (``vllm_worker.steps_by_request``) as our engine records it: with fidelity
     on, the live verifier's costs then each shadow's (None without drafts) and their seconds."""
     costs = step.get("fidelity")
+    nan = lambda values: [math.nan if value is None else value for value in values]  # noqa: E731  (JSON's None)
     return StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
-                      emitted=step["accepted"] + 1, reasons=step["reasons"], margins=step.get("margins", []),
+                      emitted=step["accepted"] + 1, reasons=step["reasons"], margins=nan(step.get("margins", [])),
+                      top1_logits=nan(step.get("top1", [])), top2_logits=nan(step.get("top2", [])),
+                      triggered=step.get("triggered"),
                       shadow_accepted=step.get("shadow_accepted", []),
                       fidelity=None if costs is None else [PositionCosts(**cost) for cost in costs],
                       fidelity_s=step.get("fidelity_s", 0.0))  # fmt: skip
@@ -204,6 +341,7 @@ class VllmBackend(Backend):
 
     name: ClassVar[str] = "vllm"
     serves_a_queue: ClassVar[bool] = True
+    own_engine: ClassVar[bool] = False  # its steps are vLLM's: priced by their own times (engine_step_s)
 
     def __init__(self, cfg: Any) -> None:
         from transformers import AutoTokenizer
@@ -262,6 +400,16 @@ class VllmBackend(Backend):
             check_counters(answer)
         return [decode_result(result, len(prompt), tuple(requests.stop_token_ids))
                 for result, prompt in zip(answer["results"], requests.prompts)]  # fmt: skip
+
+    def plan_methods(self, methods: Mapping[str, MethodSpec]) -> MethodsPlan:
+        """Whether one engine per method fits in memory beside the others (``memory_plan``)."""
+        plan = memory_plan(self.cfg, methods)
+        return MethodsPlan(plan.together, plan.line)
+
+    def release(self, method: PreparedMethod) -> None:
+        """Stop ``method``'s worker, freeing its engine's memory for the next method's."""
+        method.handle.close()
+        self.workers.remove(method.handle)
 
     def close(self) -> None:
         """Stop every worker (each holds an engine with its model and KV cache)."""

@@ -1,11 +1,15 @@
 """One sweep cell: its backend built once, a warm-up, then the baseline and the configured method on
 every question, in the one schedule of ``schedule.py`` (B questions at a time; B = 1 is a chunk of one).
+Where the backend's plan says its methods cannot be held together (``Backend.plan_methods``: vLLM's engines
+that do not fit in memory side by side), each runs over every question in turn, the baseline first, and is
+released before the next is prepared.
 
 The pieces: the backend loads and runs (``mars_bench/backends``), ``schedule.py`` orders the work,
 ``timing.py`` times it, ``rows.py`` builds the records and ``writing.py`` writes them."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import asdict
@@ -16,9 +20,11 @@ import torch
 from omegaconf import OmegaConf
 
 from mars_bench.backends import PreparedMethod, Requests, make_backend
+from mars_bench.backends.base import EngineStopped
 from mars_bench.backends.hf import cached_model, forget_loaded_models, load_models
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key, batch_baseline_key
 from mars_bench.bench.claims import Claim
+from mars_bench.bench.failures import is_cell_failure
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.progress import TokenProgress
 from mars_bench.bench.records import BASELINE, Record
@@ -54,10 +60,23 @@ class Cell:
         self.stops = self.backend.stop_token_ids
         self.stop_strings = task_stop_strings(cfg.task)
         self.spec = method_spec(cfg)
-        method = self.backend.prepare(cfg.verifier.name, self.spec)
-        baseline = self.backend.prepare(BASELINE, MethodSpec(sampling=self.spec.sampling))
         # accuracy_only: the method alone, untimed (no baseline to pair a speed with, no warm-up, no contention)
-        self.methods: list[PreparedMethod] = [method] if cfg.accuracy_only else [baseline, method]
+        baseline = {} if cfg.accuracy_only else {BASELINE: MethodSpec(sampling=self.spec.sampling)}
+        self.specs: dict[str, MethodSpec] = {**baseline, cfg.verifier.name: self.spec}  # the order of one at a time
+        self.methods: list[PreparedMethod] = []  # those prepared now, in the order of ``specs``
+        try:
+            self.plan = self.backend.plan_methods(self.specs)
+            if self.plan.together:
+                prepared = {label: self.backend.prepare(label, spec) for label, spec in reversed(self.specs.items())}
+                self.methods = [prepared[label] for label in self.specs]
+            else:  # news to the user: the baseline's rows all come first, and no chunk alternates
+                print(f"mars_bench: {self.plan.line}", file=sys.stderr)
+        except EngineStopped as error:
+            self.backend.close()
+            raise self.stopped(error) from None
+        except BaseException:  # what was prepared goes (an engine holds its memory) before the cell fails
+            self.backend.close()
+            raise
         self.scorer = self.build_scorer()
         self.shadows = shadow_verifiers(cfg)
         self.rows = RowBuilder(cell_keys(cfg, name, self.spec), tokenizer, tuple(self.stop_strings), tuple(self.shadows))
@@ -89,8 +108,8 @@ class Cell:
 
     def planned(self) -> list[tuple[str, int, str]]:
         """The key of every row the cell writes: (question, turn, method)."""
-        return [(str(q.question_id), turn, m.label) for q in self.questions for turn in range(1, len(q.turns) + 1)
-                for m in self.methods]  # fmt: skip
+        return [(str(q.question_id), turn, label) for q in self.questions for turn in range(1, len(q.turns) + 1)
+                for label in self.specs]  # fmt: skip
 
     def warm_up(self) -> None:
         """Decode the first question's first turn (up to 16 tokens) ``warmup`` times per method, as the
@@ -106,19 +125,55 @@ class Cell:
         return self.cfg.seed * 1_000_003 + index * 101 + turn
 
     def run(self, progress: bool = True) -> list[dict[str, Any]]:
+        """Decode and write every missing row; the cell's rows (a whole-cell failure an earlier run wrote left out:
+        this one went past it). ``EngineStopped`` (one line, naming the rows kept) where an engine died."""
         config = OmegaConf.to_container(self.cfg, resolve=True)
         seeds = {"seed": self.cfg.seed, "per_turn": "seed * 1_000_003 + question_index * 101 + turn"}
         methods = {method.label: self.backend.describe(method) for method in self.methods}
-        write_manifest(self.folder, build_manifest(config, self.backend.models(), seeds, methods, self.question_source))
+        self.manifest = build_manifest(config, self.backend.models(), seeds, methods, self.question_source)
+        if self.plan.line is not None:
+            self.manifest["methods_plan"] = {"together": self.plan.together, "line": self.plan.line}
+        self.manifest_path = write_manifest(self.folder, self.manifest)
         planned = self.planned()
         kept = [self.writer.rows[key] for key in planned if self.writer.has(key)]
         with TokenProgress(len(planned), self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
-            if len(kept) < len(planned) and not self.cfg.accuracy_only:
-                self.warm_up()
             self.on_tokens = bar.tick if progress and self.cfg.batch_size == 1 else None
             queue = self.backend.serves_a_queue and self.cfg.batch_size > 1  # at B = 1 a queue is one prompt at a time
-            run_schedule(self, len(self.questions) if queue else self.cfg.batch_size, bar)
-        return list(self.writer.rows.values())
+            width = len(self.questions) if queue else self.cfg.batch_size
+            try:
+                if self.plan.together:
+                    if len(kept) < len(planned) and not self.cfg.accuracy_only:
+                        self.warm_up()
+                    run_schedule(self, width, bar)
+                else:
+                    self.run_one_at_a_time(planned, width, bar)
+            except EngineStopped as error:
+                raise self.stopped(error) from None
+        return [row for row in self.writer.rows.values() if not is_cell_failure(row)]
+
+    def run_one_at_a_time(self, planned: list[tuple[str, int, str]], width: int, bar: Any) -> None:
+        """Each method in turn (``specs``' order: the baseline first) prepared, warmed up, run over every question
+        and released before the next is prepared; a method whose rows are all written is not prepared at all."""
+        for label, spec in self.specs.items():
+            if all(self.writer.has(key) for key in planned if key[2] == label):
+                continue
+            method = self.backend.prepare(label, spec)
+            self.manifest["methods"][label] = self.backend.describe(method)
+            self.manifest_path.write_text(json.dumps(self.manifest, indent=1, default=str))
+            self.methods = [method]
+            try:
+                if not self.cfg.accuracy_only:
+                    self.warm_up()
+                run_schedule(self, width, bar)
+            finally:
+                self.methods = []
+                self.backend.release(method)
+
+    def stopped(self, error: EngineStopped) -> EngineStopped:
+        """``error`` (an engine died), saying which rows are kept and how a rerun resumes them, in one line."""
+        rows = sum(1 for row in self.writer.rows.values() if not is_cell_failure(row))
+        return EngineStopped(f"{error}; the {rows} row{'' if rows == 1 else 's'} written before are kept in "
+                             f"{self.writer.path} (output_dir={self.folder} resumes the cell)")  # fmt: skip
 
     def decode_turns(self, number: int, turn: int, batch: list[Conversation], method: PreparedMethod) -> list[Record]:
         """The records of one batch: every conversation's turn ``turn`` decoded together (or, for a baseline
@@ -141,6 +196,8 @@ class Cell:
         except Exception as error:  # out of memory: every row of the batch says so, and the cell goes on
             if shared:
                 self.baselines.release(key)
+            if isinstance(error, EngineStopped):  # but an engine that died decodes no more: the cell stops
+                raise
             return failed(error)
         records = []
         for conversation, prompt, result, place in zip(batch, prompts, results, batch_fields(number, turn, results)):

@@ -11,6 +11,18 @@ from hydra.experimental.callback import Callback
 from mars_bench.bench.records import RECORDS_FILE, read_rows
 
 FAILED_EXIT = 3
+WHOLE_CELL = "*"  # the question of a row saying the whole cell failed (``rows.failure_record`` without a question)
+
+
+def is_cell_failure(row: dict[str, Any]) -> bool:
+    """Whether ``row`` says a whole cell failed (a model that would not load, an engine that died mid-run)."""
+    return str(row.get("question_id")) == WHOLE_CELL and row.get("status") != "ok"
+
+
+def standing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A records file's ``rows``, in its order, less the whole-cell failures a later run went past: one stands only
+    as the file's last row (a rerun that resumed the cell wrote its rows after it)."""
+    return [row for index, row in enumerate(rows) if not is_cell_failure(row) or index == len(rows) - 1]
 
 
 def failure_line(rows: list[dict[str, Any]]) -> str | None:
@@ -27,7 +39,7 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
-        rows = {path.parent.name: list(read_rows(path)) for path in sorted(sweep.glob(f"*/{RECORDS_FILE}"))}
+        rows = {path.parent.name: standing(list(read_rows(path))) for path in sorted(sweep.glob(f"*/{RECORDS_FILE}"))}
         failing = {cell: line for cell, cell_rows in rows.items() if (line := failure_line(cell_rows))}
         print(f"sweep {sweep}: {len(rows)} cells, {len(failing)} with failures", file=sys.stderr)
         for cell, line in failing.items():

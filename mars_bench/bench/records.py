@@ -22,7 +22,7 @@ RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
-SCHEMA_VERSION = 13  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 14  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
@@ -36,6 +36,7 @@ SCHEMA_VERSION = 13  # 2: shadow_accepted, baseline_from, draft_length; 3: draft
 # 11: backend (what ran the method: the engine of this package, transformers, or another backend)
 # 12: kernels (model.kernels: how the engine's linear layers computed on the CPU)
 # 13: engine_step_s, engine_step_rows (a serving engine's own steps: what the cost model reads for backend=vllm)
+# 14: own_engine (the backend's Backend.own_engine: this package's engine decoded the row; ``own_engine`` reads older rows)
 SETTINGS_AS_FIELDS_UNTIL = 6  # the last schema whose rows carried verifier settings as fields (``legacy_setting_fields``)
 RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: no reader takes them for verifier settings
 
@@ -144,6 +145,8 @@ class Record:
     draft_length: str = "fixed"  # the draft-length policy: fixed | schedule | confidence
     drafter_setting: str = ""  # the drafter's shaping keys, e.g. "gamma=5,top_k=3,tree_tokens=16"
     backend: str = EARLIER_BACKEND  # what ran the method (mars_bench/backends); older rows: EARLIER_BACKEND
+    # the backend's Backend.own_engine: this package's engine decoded (its steps are the forwards batch_costs.json times)
+    own_engine: bool = True
     kernels: str = EARLIER_KERNELS  # model.kernels (common/kernels.py); older rows: EARLIER_KERNELS
     schema_version: int = SCHEMA_VERSION
 
@@ -163,6 +166,13 @@ def legacy_setting_fields(row: Mapping[str, Any]) -> list[str]:
     if row.get("schema_version", 1) > SETTINGS_AS_FIELDS_UNTIL:
         return []
     return [name for name in row if name not in RECORD_FIELDS and name not in RETIRED_LATER]
+
+
+def own_engine(row: Mapping[str, Any]) -> bool:
+    """Whether this package's engine decoded ``row``: its ``own_engine`` field; in a row older than the field
+    (schema 13 and before), whether its backend was ``EARLIER_BACKEND``, the one backend that ran this engine
+    then (a ``vllm`` row reads False)."""
+    return bool(row["own_engine"]) if "own_engine" in row else row.get("backend", EARLIER_BACKEND) == EARLIER_BACKEND
 
 
 def finite_or_none(value: float) -> float | None:

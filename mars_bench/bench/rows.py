@@ -10,7 +10,7 @@ from mars_bench.backends.base import PreparedMethod
 from mars_bench.bench.baseline_cache import baseline_conditions
 from mars_bench.bench.records import BUDGET, SCHEMA_VERSION, Record, finite_or_none
 from mars_bench.common.settings import plugin_label, setting_string
-from mars_bench.config import method_spec
+from mars_bench.config import method_spec, own_engine
 from mars_bench.decoding.trace import DecodeResult
 from mars_bench.drafting import drafter_needs_model
 from mars_bench.method import MethodSpec
@@ -24,6 +24,7 @@ def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, 
     model = cfg.model
     spec = spec or configured_spec(cfg)
     settings = spec.verifier_values if spec is not None else {}
+    conditions = baseline_conditions(cfg)
     return {
         "cell": name,
         "model": model.name,
@@ -32,7 +33,8 @@ def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, 
         "gamma": cfg.drafter.gamma,
         "verifier": cfg.verifier.name,
         "verifier_setting": setting_string(settings),
-        **baseline_conditions(cfg),
+        **conditions,
+        "own_engine": own_engine(conditions["backend"]),
         "draft_length": cfg.drafter.length,
         "drafter_setting": spec.drafter_setting if spec is not None else "",
     }

@@ -35,6 +35,7 @@ import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -262,8 +263,10 @@ def config_before_weights(name: str) -> Any:
     what ``plan_device_map`` needs before any weight is downloaded."""
     from transformers import AutoConfig
 
-    try:
-        return AutoConfig.from_pretrained(name)
+    from mars_bench.common.hub import hub_online
+
+    try:  # with no Hub, from the folder or the HF cache alone, without the Hub client's retries
+        return AutoConfig.from_pretrained(name, local_files_only=not Path(name).is_dir() and not hub_online())
     except Exception:  # offline and uncached, or a mirror-only id: planned after resolving
         return None
 

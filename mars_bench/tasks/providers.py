@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mars_bench.common.hub import hub_online
 from mars_bench.tasks.questions import Question, QuestionFileError, parse_question, read_questions
 
 DATA_ENV = "MARS_BENCH_DATA"
@@ -171,6 +172,7 @@ def from_hub(task: Any, data_dir: str | None) -> QuestionSet | str:
     if source is None:
         return "hub (no dataset id known for this task)"
     label = f"hub {source.id}" + (f"/{source.config}" if source.config else "") + f" split {source.split}"
+    hub_online()  # where the Hub does not answer, offline mode: the datasets cache serves, or this fails at once
     try:
         from datasets import load_dataset
 

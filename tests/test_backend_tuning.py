@@ -1,0 +1,84 @@
+"""A drafter tuning is measured in this package's engine: under a backend that is another engine (``backend=vllm``)
+the default's tuning is not applied and the run's first line says why, while a drafter key the command line
+typed that vLLM cannot run is refused, every such key in one line with the one override that runs. (No vLLM
+is needed: everything here is decided before vLLM's installation is checked.)"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import app, run_config
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from mars_bench.__main__ import CONF_DIR
+from mars_bench.config import check_run_config, run_line
+
+NO_VLLM = r"^backend=vllm needs vLLM, which "  # the last check: every other one passed
+NOT_APPLIED = ("; tuning=cpu (not applied to backend=vllm: drafter tunings are measured in this package's engine; "
+               "the drafter's own defaults)")  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_vllm(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(tmp_path / "no-vllm" / "python"))
+
+
+def typed(*overrides: str):
+    """The config ``python -m mars_bench OVERRIDES...`` composes, with Hydra's node that records what was typed
+    (as the app's check before the run sees it)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_the_default_config_runs_under_backend_vllm_with_its_tuning_not_applied():
+    cfg = run_config("backend=vllm")
+    assert cfg.tuned == "qwen2.5-coder-1.5b_model_cpu"  # composed, as under any backend
+    assert run_line(cfg) == ("mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=fixed,gamma=5) "
+                             "verifier=mars(theta=0.9,guard=never,correction=residual) task=humaneval temperature=1 "
+                             "batch_size=1" + NOT_APPLIED)  # fmt: skip
+    with pytest.raises(ValueError, match=NO_VLLM):
+        check_run_config(cfg)
+    untuned = run_config("tuning=none")
+    assert cfg.tuned is None and OmegaConf.to_container(cfg.drafter) == OmegaConf.to_container(untuned.drafter)
+    assert cfg.tuning == "cpu"  # the choice as made; the first line says what became of it
+    ours = run_config()
+    check_run_config(ours)  # this package's engine: the tuning it was measured in applies
+    assert ours.tuned == "qwen2.5-coder-1.5b_model_cpu" and ours.drafter.length == "confidence"
+
+
+def test_a_key_typed_beside_the_tuning_stays_and_the_batching_recipe_checks_under_vllm():
+    cfg = typed("backend=vllm", "drafter.gamma=7", "experiment=batching", "batch_size=2")
+    with pytest.raises(ValueError, match=NO_VLLM):
+        check_run_config(cfg)
+    assert (cfg.drafter.gamma, cfg.drafter.length, cfg.drafter.weights, cfg.drafter.guesses) == (7, "fixed", None, 0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (  # typed as the tuning sets them: typed, so refused
+            ["drafter.length=confidence", "drafter.weights=int4", "drafter.guesses=3"],
+            "drafter.length=confidence does not run in vLLM, which drafts gamma tokens a step; drafter.weights=int4, "
+            "drafter.guesses=3 are not settings of vLLM's drafter: allowed with backend=vllm is drafter.length=fixed "
+            "drafter.weights=null drafter.guesses=0",
+        ),
+        (
+            ["drafter.draft_vocab=1000", "model.kernels=onednn"],
+            "drafter.draft_vocab=1000 is not a setting of vLLM's drafter; model.kernels=onednn chooses the linear "
+            "layers of this package's engine; vLLM runs its own: allowed with backend=vllm is drafter.draft_vocab=null "
+            "model.kernels=auto",
+        ),
+    ],
+)
+def test_drafter_keys_typed_that_vllm_cannot_run_are_refused_all_in_one_line(overrides, message):
+    with pytest.raises(ValueError) as refused:
+        check_run_config(typed("backend=vllm", *overrides))
+    assert str(refused.value) == message
+
+
+def test_the_app_refuses_them_in_one_line_before_its_folder_is_made(tmp_path):
+    result = app("backend=vllm", "drafter.length=confidence", "drafter.weights=int4", f"output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+    assert result.stderr == ("mars_bench: error: drafter.length=confidence does not run in vLLM, which drafts gamma "
+                             "tokens a step; drafter.weights=int4 is not a setting of vLLM's drafter: allowed with "
+                             "backend=vllm is drafter.length=fixed drafter.weights=null\n")  # fmt: skip
