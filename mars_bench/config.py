@@ -66,6 +66,17 @@ class ModelConfig:
 
 
 @dataclass
+class VllmGpuConfig:
+    """vLLM's GPU settings (``backend=vllm`` only; ``backends/vllm_placement.py`` plans them before any engine loads)."""
+
+    tensor_parallel_size: int = 1  # GPUs each engine shards its target (and drafter) over
+    gpu_memory_utilization: float = 0.9  # the share of each GPU's memory vLLM takes (vLLM's own default)
+    # GiB per GPU (2^30 bytes, as torch.cuda counts a GPU's memory) that the plan checks against; null: read from the
+    # GPUs this process sees. Set it to check a plan on a machine without them (docs/vllm.md#on-gpus).
+    gpu_memory_gb: float | None = None
+
+
+@dataclass
 class DrafterCommon:
     """The keys every drafter takes: the engine's draft length. Each drafter's own settings are
     declared once, by the drafter (``drafter_settings(name)``), and added by ``settings_schema``."""
@@ -165,6 +176,7 @@ class RunConfig:
     seed: int = 0
     batch_size: int = 1  # prompts decoded together by the batched engine (decoding/batched.py); 1: one at a time
     backend: str = "transformers"  # what runs the method (mars_bench/backends): this package's engine on transformers
+    vllm: VllmGpuConfig = field(default_factory=VllmGpuConfig)  # backend=vllm's GPU settings
     # The drafter tuning choice (conf/tuning): cpu applies a model's drafter settings measured on the CPU where
     # conf/drafter_tuning/<model>_<drafter>_cpu.yaml has them, on any machine; none drafts with the drafter's defaults.
     tuning: str = "none"
@@ -595,6 +607,29 @@ def check_batch_settings(cfg: Any) -> None:
                          f"is drafter.{key}={cli_value(off)}")
 
 
+def check_vllm_settings(cfg: Any) -> None:
+    """Refuse, in one line, a ``vllm.*`` value out of range, or any set under a backend other than vLLM's."""
+    from mars_bench.backends.vllm import VllmBackend
+
+    settings = cfg.vllm
+    if settings.tensor_parallel_size < 1:
+        raise ValueError(f"vllm.tensor_parallel_size={settings.tensor_parallel_size} is invalid: allowed is a number of "
+                         "GPUs >= 1")  # fmt: skip
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        raise ValueError(f"vllm.gpu_memory_utilization={settings.gpu_memory_utilization} is invalid: allowed is a share "
+                         "of each GPU's memory in (0, 1]")  # fmt: skip
+    if settings.gpu_memory_gb is not None and not settings.gpu_memory_gb > 0:
+        raise ValueError(f"vllm.gpu_memory_gb={settings.gpu_memory_gb} is invalid: allowed is GiB per GPU > 0, or null "
+                         "(read from the GPUs)")  # fmt: skip
+    defaults = VllmGpuConfig()
+    changed = [item.name for item in fields(VllmGpuConfig) if settings[item.name] != getattr(defaults, item.name)]
+    if changed and cfg.backend != VllmBackend.name:
+        named = ", ".join(f"vllm.{key}={cli_value(settings[key])}" for key in changed)
+        unset = " ".join(f"vllm.{key}={cli_value(getattr(defaults, key))}" for key in changed)
+        raise ValueError(f"{named} {'is a setting' if len(changed) == 1 else 'are settings'} of backend={VllmBackend.name}: "
+                         f"allowed with backend={cfg.backend} {'is' if len(changed) == 1 else 'are'} {unset}")  # fmt: skip
+
+
 def check_run_config(cfg: Any) -> None:
     """Check every range and name before any model is loaded (ValueError, one line), once the drafter tuning is
     taken back where the backend does not take it (``take_back_tuning``: the one change made to ``cfg``)."""
@@ -605,6 +640,7 @@ def check_run_config(cfg: Any) -> None:
         raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
     from mars_bench.backends import check_backend_config
 
+    check_vllm_settings(cfg)
     check_backend_config(cfg, spec)
     if cfg.batch_size > 1 and own_engine(cfg.backend):  # this package's batched engine
         from mars_bench.drafting.batched import check_batch_drafter

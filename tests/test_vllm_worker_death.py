@@ -212,7 +212,7 @@ def test_a_cell_whose_worker_dies_keeps_the_rows_it_wrote_and_a_rerun_decodes_on
 
 def test_engines_that_fit_only_alone_take_turns_and_a_rerun_loads_only_the_unfinished(stand_in, tiny_target, tmp_path,
                                                                                        monkeypatch):  # fmt: skip
-    """10 GiB free: each engine (6 GiB: the tiny target, 4 GiB of KV space, 2 GiB for the worker) fits, not both.
+    """10 GiB free: each engine (5 GiB: the tiny target, 4 GiB of KV space, 1 GiB for the worker) fits, not both.
     The baseline's engine runs every question and is closed before mars's loads; mars dies in its second
     generate; the rerun loads mars's engine alone."""
     monkeypatch.setattr(vllm_memory, "available_memory", lambda: 10 * GIB)
@@ -220,7 +220,7 @@ def test_engines_that_fit_only_alone_take_turns_and_a_rerun_loads_only_the_unfin
     out = tmp_path / "out"
     died = app(*CELL, f"output_dir={out}")
     assert died.returncode == 2
-    assert "mars_bench: vLLM memory: the engines need baseline 6.0 GiB + mars 6.0 GiB = 12.0 GiB, more than the 9.0 GiB " \
+    assert "mars_bench: vLLM memory: the engines need baseline 5.0 GiB + mars 5.0 GiB = 10.0 GiB, more than the 9.0 GiB " \
            "available: they run one after the other, the baseline engine's rows first\n" in died.stderr  # fmt: skip
     assert events(stand_in) == ["baseline load", *["baseline generate"] * 4, "baseline close", "mars load",
                                 "mars generate", "mars generate"]  # fmt: skip
@@ -253,8 +253,8 @@ def test_an_engine_that_cannot_fit_is_refused_in_one_line_before_any_worker_star
     monkeypatch.setattr(vllm_memory, "available_memory", lambda: 5 * GIB)
     refused = app(*CELL, f"output_dir={tmp_path / 'out'}")
     assert refused.returncode == 2
-    assert re.fullmatch(r"vLLM's baseline engine needs 6\.0 GiB of memory \(weights 0\.0 GiB in float32, KV space 4\.0 GiB, "
-                        r"the worker 2\.0 GiB\), more than the 4\.0 GiB available \(5\.0 GiB free less 1\.0 GiB for this "
+    assert re.fullmatch(r"vLLM's baseline engine needs 5\.0 GiB of memory \(weights 0\.0 GiB in float32, KV space 4\.0 GiB, "
+                        r"the worker 1\.0 GiB\), more than the 4\.0 GiB available \(5\.0 GiB free less 1\.0 GiB for this "
                         r"process\): allowed is an engine that fits .*", error_line(refused.stderr))  # fmt: skip
     assert events(stand_in) == []
 

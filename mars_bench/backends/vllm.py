@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mars_bench.backends import vllm_memory
+from mars_bench.backends import vllm_memory, vllm_placement
 from mars_bench.backends.base import Backend, EngineStopped, MethodsPlan, PreparedMethod, Requests
-from mars_bench.backends.vllm_memory import EngineFigures, MemoryFigures, MemoryPlan, OomWitness, gib
+from mars_bench.backends.vllm_memory import GIB, EngineFigures, MemoryFigures, MemoryPlan, OomWitness, gib
+from mars_bench.backends.vllm_placement import GpuFigures
 from mars_bench.common import engine_processes
 from mars_bench.common.kernels import DEFAULT_KERNELS
 from mars_bench.decoding.fidelity import PositionCosts
@@ -75,6 +76,68 @@ def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
     if refused:
         raise ValueError(f"{'; '.join(refused)}: allowed with backend=vllm is {' '.join(allowed)}")
     check_vllm_installed("backend=vllm")
+    check_gpu_settings(cfg, spec)
+
+
+def check_gpu_settings(cfg: Any, spec: MethodSpec) -> None:
+    """Refuse, in one line and before any model loads, ``vllm.tensor_parallel_size`` > 1 on vLLM's CPU build, and,
+    on a GPU build where a GPU memory figure is known (``vllm.gpu_memory_gb``, or GPUs this process sees), an engine
+    that does not fit its GPUs (``gpu_placement``). vLLM's environment is probed only where one of those is set."""
+    settings = cfg.vllm
+    tp = settings.tensor_parallel_size
+    if tp == 1 and settings.gpu_memory_gb is None and not vllm_placement.visible_gpus():
+        return
+    python = vllm_python()
+    if not vllm_on_cpu(python):
+        gpu_placement(cfg, spec)
+    elif tp > 1:
+        raise ValueError(f"vllm.tensor_parallel_size={tp} shards an engine over GPUs, and the vLLM at {python} is its CPU "
+                         f"build ({CPU_BUILD}), one process on the CPU: allowed with it is vllm.tensor_parallel_size=1 "
+                         "(GPUs: the official vllm, docs/vllm.md#on-gpus)")  # fmt: skip
+
+
+def gpu_settings(cfg: Any) -> dict[str, Any]:
+    """The ``vllm.*`` settings the worker passes to ``vllm.LLM`` where they differ from vLLM's defaults (the schema's),
+    so that an engine without them is built as before."""
+    from mars_bench.config import VllmGpuConfig
+
+    defaults = VllmGpuConfig()
+    return {key: cfg.vllm[key] for key in ("tensor_parallel_size", "gpu_memory_utilization")
+            if cfg.vllm[key] != getattr(defaults, key)}  # fmt: skip
+
+
+def gpu_placement(cfg: Any, spec: MethodSpec) -> str:
+    """The line of the GPU plan (``vllm_placement.plan_gpus``) of the engine of ``spec``, from the models' configs
+    (no weights: a Hub id's config.json alone, ``placement.config_before_weights``) and the memory of each GPU
+    (``vllm.gpu_memory_gb``, else the smallest of the first ``vllm.tensor_parallel_size`` GPUs this process sees);
+    ValueError, in one line, where it does not fit or fewer GPUs are seen. A line saying why where no plan can be
+    made (no GPU memory figure, a config that cannot be read before loading)."""
+    from mars_bench.models import placement
+
+    settings = cfg.vllm
+    tp = settings.tensor_parallel_size
+    if settings.gpu_memory_gb is not None:
+        memory = int(settings.gpu_memory_gb * GIB)
+    elif gpus := vllm_placement.visible_gpus():
+        if len(gpus) < tp:
+            raise ValueError(f"vllm.tensor_parallel_size={tp} needs {tp} GPUs, and this process sees {len(gpus)}: allowed "
+                             f"is a vllm.tensor_parallel_size up to {len(gpus)}, or more GPUs visible (CUDA_VISIBLE_DEVICES)")
+        memory = min(gpus[:tp])
+    else:
+        return "vLLM on GPUs: not planned, as this process sees no CUDA GPU (vllm.gpu_memory_gb=<GiB per GPU> plans for one)"
+    method = DRAFTERS.get(spec.drafter) if spec.drafts else None
+    checkpoints = [(cfg.model.target, False)] + {"eagle3": [(cfg.model.eagle3_head, True)],
+                                                  "draft_model": [(cfg.model.draft_model, False)]}.get(method, [])  # fmt: skip
+    models = []
+    for name, eagle3_head in checkpoints:
+        config = placement.config_before_weights(name)
+        if config is None:
+            return f"vLLM on GPUs: not planned, as the config of {name} could not be read before loading"
+        size = vllm_placement.head_figures if eagle3_head else vllm_placement.model_figures
+        models.append(size(name, config.to_dict() if eagle3_head else config, cfg.model.dtype))
+    figures = GpuFigures(models[0], models[1] if len(models) > 1 else None, tp, settings.gpu_memory_utilization, memory,
+                         MAX_MODEL_LEN, cfg.model.dtype)  # fmt: skip
+    return vllm_placement.plan_gpus(figures).line
 
 
 def check_vllm_installed(asker: str) -> None:
@@ -135,13 +198,19 @@ def engine_folders(cfg: Any, spec: MethodSpec) -> list[Path]:
 
 def memory_plan(cfg: Any, methods: Mapping[str, MethodSpec]) -> MemoryPlan:
     """The plan (``vllm_memory.plan_memory``) of one engine per method (label -> spec, in the order they would
-    run one at a time) on this machine, now; ValueError, in one line, where not even one engine fits."""
+    run one at a time) on this machine, now; ValueError, in one line, where not even one engine fits. On a GPU its
+    line ends with the GPU plan's of the largest engine (``gpu_placement``)."""
     on_cpu = vllm_on_cpu(vllm_python())
     kv = vllm_memory.kv_space(os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)) if on_cpu else 0
-    engines = tuple(EngineFigures(label, vllm_memory.weight_bytes(engine_folders(cfg, spec), cfg.model.dtype) if on_cpu
-                                  else 0, kv, vllm_memory.WORKER_OVERHEAD) for label, spec in methods.items())  # fmt: skip
+    weights = {label: vllm_memory.weight_bytes(engine_folders(cfg, spec), cfg.model.dtype) if on_cpu else 0
+               for label, spec in methods.items()}  # fmt: skip
+    engines = tuple(EngineFigures(label, size, kv, vllm_memory.worker_overhead(size)) for label, size in weights.items())
     figures = MemoryFigures(engines, vllm_memory.available_memory(), vllm_memory.HARNESS_MARGIN, cfg.model.dtype, on_cpu)
-    return vllm_memory.plan_memory(figures)
+    plan = vllm_memory.plan_memory(figures)
+    if on_cpu:
+        return plan
+    largest = next((spec for spec in methods.values() if spec.drafts), next(iter(methods.values())))
+    return MemoryPlan(plan.together, f"{plan.line}; {gpu_placement(cfg, largest)}")
 
 
 def how_it_ended(returncode: int | None) -> str:
@@ -377,7 +446,7 @@ class VllmBackend(Backend):
         m = self.cfg.model
         worker.ask({"op": "load", "model": str(self.target.path), "dtype": m.dtype, "seed": self.cfg.seed,
                     "max_model_len": MAX_MODEL_LEN, "max_num_seqs": max(self.cfg.batch_size, 1),
-                    "speculative_config": speculative_config(spec, self.cfg)})  # fmt: skip
+                    "speculative_config": speculative_config(spec, self.cfg), **gpu_settings(self.cfg)})  # fmt: skip
         return PreparedMethod(label, spec, worker)
 
     def describe(self, method: PreparedMethod) -> dict[str, Any]:

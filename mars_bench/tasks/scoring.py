@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from functools import lru_cache
 from math import comb
+from typing import Any
 
 from mars_bench.tasks.questions import Question
 
@@ -164,11 +165,21 @@ def pass_at_k(samples: int, correct: int, k: int) -> float:
     return 1.0 - comb(samples - correct, k) / comb(samples, k)
 
 
-def rouge_l(candidate: str, reference: str) -> float:
-    """ROUGE-L F-measure (stemmed), as the CNN/DM summarisation papers report it."""
+@lru_cache(maxsize=1)
+def rouge_l_scorer() -> Any:
+    """One ROUGE-L scorer (stemmed) per process. rouge-score logs "Using default tokenizer." through absl at INFO
+    for every scorer it builds, which the app's logging would print for every record: absl's INFO is dropped."""
+    import logging
+
     from rouge_score import rouge_scorer
 
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True).score(reference, candidate)["rougeL"].fmeasure
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F-measure (stemmed), as the CNN/DM summarisation papers report it."""
+    return rouge_l_scorer().score(reference, candidate)["rougeL"].fmeasure
 
 
 def cnndm_score(answer: str, question: Question, **context: object) -> float | None:
