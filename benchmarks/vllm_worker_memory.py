@@ -72,14 +72,14 @@ def measure(label: str, target: Path, draft: Path | None, dtype: str, kv_gib: in
             "own_gib": round(own, 2), "planned_own_gib": gib(vllm_memory.worker_overhead(weights))}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="Qwen/Qwen2.5-Coder-1.5B-Instruct")
     parser.add_argument("--draft", default="Qwen/Qwen2.5-Coder-0.5B-Instruct")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-gib", type=int, default=4)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     target, draft = Path(resolve_model(args.target).path), Path(resolve_model(args.draft).path)
     found = [measure("baseline", target, None, args.dtype, args.kv_gib), measure("mars", target, draft, args.dtype, args.kv_gib)]
     text = json.dumps(found, indent=1)

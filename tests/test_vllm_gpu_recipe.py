@@ -107,7 +107,7 @@ def test_each_recipe_run_composes_as_typed_and_passes_every_check(command):
     assert (cfg.backend, cfg.verifier.name, cfg.verifier.theta, cfg.temperature) == ("vllm", "mars", 0.9, 1.0)
     assert (cfg.task.name, cfg.task.num_prompts, cfg.max_new_tokens) == ("mt_bench", None, 1024)
     tp = cfg.vllm.tensor_parallel_size
-    assert vllm_backend.gpu_settings(cfg) == ({"tensor_parallel_size": tp} if tp > 1 else {})
+    assert vllm_backend.gpu_settings(cfg) == {"tensor_parallel_size": tp, "gpu_memory_utilization": 0.9}
     assert vllm_backend.gpu_placement(cfg, method_spec(cfg)) == (
         "vLLM on GPUs: not planned, as this process sees no CUDA GPU (vllm.gpu_memory_gb=<GiB per GPU> plans for one)")
 
@@ -281,7 +281,7 @@ def test_a_vllm_setting_out_of_range_or_under_another_backend_is_refused_in_one_
     assert str(refused.value) == message
 
 
-def test_the_workers_load_message_carries_the_settings_that_differ_from_vllms_defaults(monkeypatch):
+def test_the_workers_load_message_carries_vllms_gpu_settings(monkeypatch):
     asked = []
 
     class Worker:
@@ -299,7 +299,8 @@ def test_the_workers_load_message_carries_the_settings_that_differ_from_vllms_de
         backend.cfg, backend.target, backend.folder, backend.workers = cfg, SimpleNamespace(path="target"), Path("."), []
         backend.prepare("mars", method_spec(cfg))
     default, sharded = asked
-    assert "tensor_parallel_size" not in default and "gpu_memory_utilization" not in default
     gpu = ("tensor_parallel_size", "gpu_memory_utilization")
+    assert {key: default[key] for key in gpu} == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.9}  # vLLM's own
     assert {key: sharded[key] for key in gpu} == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.95}
-    assert {key: value for key, value in sharded.items() if key not in gpu} == default
+    assert {key: value for key, value in sharded.items() if key not in gpu} == {
+        key: value for key, value in default.items() if key not in gpu}

