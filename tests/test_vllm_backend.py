@@ -433,7 +433,9 @@ def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_
                for s in records)  # fmt: skip
     assert all(s.top1_logits[d] >= s.top2_logits[d] for s in records for d in range(len(s.reasons)))
     assert all(sum(s.triggered) >= s.relaxed for s in records)  # a relaxed draft needs the trigger
-    assert 0 < sum(result.trigger_count for result in results) < sum(len(s.top1_logits) for s in records)
+    assert all(s.triggered[d] == (s.top1_logits[d] > 0 and s.top2_logits[d] > 0.5 * s.top1_logits[d])
+               for s in records for d in range(len(s.reasons)))  # the rule's own test, on the traced logits  # fmt: skip
+    assert sum(result.trigger_count for result in results) == sum(sum(s.triggered) for s in records) > 0
     for saved in steps:
         for b, alone in enumerate(own_steps(saved["step"])):
             verdict = mars.verify(alone)
