@@ -21,8 +21,8 @@ from mars_bench.bench.records import (
     EARLIER_BACKEND,
     MANIFEST_FILE,
     RECORDS_FILE,
+    decoded_by_own_engine,
     legacy_setting_fields,
-    own_engine,
     read_rows,
 )
 from mars_bench.common.kernels import EARLIER_KERNELS
@@ -83,7 +83,8 @@ def gather_runs(folders: list[str | Path]) -> Gathered:
             if rows and (refused := never_decoded(records, rows)):
                 left_out.append(refused)
             elif rows:
-                run = pd.DataFrame(rows).assign(run_dir=str(records.parent), own_engine=[own_engine(row) for row in rows])
+                engine = [decoded_by_own_engine(row) for row in rows]
+                run = pd.DataFrame(rows).assign(run_dir=str(records.parent), own_engine=engine)
                 legacy.update(dict.fromkeys(name for row in rows for name in legacy_setting_fields(row)))
                 if any(row.get("schema_version", 1) < 4 for row in rows):  # written before verifier_setting
                     run["manifest_setting"] = manifest_setting(records)

@@ -306,18 +306,23 @@ def hydra_settings(cfg: Any) -> Any:
 
 def typed_drafter_keys(cfg: Any) -> set[str]:
     """The drafter keys the command line set (``drafter.KEY=...``); none known outside a Hydra run."""
+    from mars_bench.bench.folder_names import overridden_keys
+
     settings = hydra_settings(cfg)
-    overrides = list(settings.overrides.task) if settings is not None else []
-    return {override.key_or_group.split(".", 1)[1] for override in parsed_overrides(overrides)
-            if override.key_or_group.startswith("drafter.")}  # fmt: skip
+    return overridden_keys([str(item) for item in settings.overrides.task] if settings is not None else [], "drafter")
 
 
 def option_file(cfg: Any, group: str, option: str) -> Path | None:
     """``<root>/<group>/<option>.yaml`` in conf/ or a folder of the run's search path (``hydra.searchpath``), or None."""
     settings = hydra_settings(cfg)
     folders = [str(entry) for entry in (settings.searchpath if settings is not None else [])]
-    roots = [CONF_DIR, *(Path(entry.removeprefix("file://")) for entry in folders if entry.startswith("file://"))]
+    roots = [CONF_DIR, *search_folders([entry for entry in folders if entry.startswith("file://")])]
     return next((path for root in roots if (path := Path(root) / group / f"{option}.yaml").is_file()), None)
+
+
+def search_folders(entries: list[str]) -> list[Path]:
+    """The folders of ``hydra.searchpath`` entries (``file://FOLDER``)."""
+    return [Path(entry.removeprefix("file://")) for entry in entries]
 
 
 def drafter_as_loaded(cfg: Any, name: str) -> dict[str, Any]:
@@ -505,7 +510,7 @@ def check_group_choices(argv: list[str]) -> None:
             entries = [str(entry) for entry in (value if isinstance(value, list) else [value])]
             if not all(entry.startswith("file://") for entry in entries):
                 return
-            roots += [Path(entry.removeprefix("file://")) for entry in entries]
+            roots += search_folders(entries)
     options = group_options(roots)
     for override in overrides:
         group = override.key_or_group

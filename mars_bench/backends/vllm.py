@@ -38,7 +38,7 @@ from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.method import MethodSpec
 from mars_bench.models.loading import stop_tokens_of
 from mars_bench.models.sources import resolve_model
-from mars_bench.serving.install import COMMAND, PYTHON_ENV, installed_vllm, vllm_python
+from mars_bench.serving.install import COMMAND, CPU_PACKAGE, PYTHON_ENV, installed_vllm, installed_vllm_dist, vllm_python
 from mars_bench.serving.vllm_versions import hooks_of, supported_range
 
 DRAFTERS = {"model": "draft_model", "lookup": "ngram", "eagle3": "eagle3"}  # ours -> vLLM's method
@@ -46,7 +46,6 @@ MAPPED_SETTINGS = {"lookup": ("min_ngram", "max_ngram")}  # drafter settings vLL
 MAX_MODEL_LEN = 4096  # prompt and answer, in tokens: what vLLM sizes its KV cache for
 KV_CACHE_GIB = "4"  # VLLM_CPU_KVCACHE_SPACE of each engine (GiB) where the environment sets none
 WORKER_MODULE = "mars_bench.serving.vllm_worker"
-CPU_BUILD = "vllm-cpu"  # the distribution of vLLM's CPU build (what ``python -m mars_bench.serving.install`` installs)
 
 
 def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
@@ -92,7 +91,7 @@ def check_gpu_settings(cfg: Any, spec: MethodSpec) -> None:
         gpu_placement(cfg, spec)
     elif tp > 1:
         raise ValueError(f"vllm.tensor_parallel_size={tp} shards an engine over GPUs, and the vLLM at {python} is its CPU "
-                         f"build ({CPU_BUILD}), one process on the CPU: allowed with it is vllm.tensor_parallel_size=1 "
+                         f"build ({CPU_PACKAGE}), one process on the CPU: allowed with it is vllm.tensor_parallel_size=1 "
                          "(GPUs: the official vllm, docs/vllm.md#on-gpus)")  # fmt: skip
 
 
@@ -172,18 +171,15 @@ def speculative_config(spec: MethodSpec, cfg: Any) -> dict[str, Any] | None:
 
 
 def vllm_on_cpu(python: Path) -> bool:
-    """Whether ``python``'s vLLM runs on the CPU: its distribution is ``CPU_BUILD`` or its version a ``+cpu`` build;
-    where neither can be read, whether this process sees no GPU."""
-    probe = ("import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
-             "        print(name, m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
-    try:
-        found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, check=False)
-        name, version = found.stdout.split()
-    except (OSError, subprocess.SubprocessError, ValueError):  # no such Python, or not the probe's answer
+    """Whether ``python``'s vLLM runs on the CPU: its distribution is the CPU build (``CPU_PACKAGE``) or its version a
+    ``+cpu`` build; where neither can be read, whether this process sees no GPU."""
+    found = installed_vllm_dist(python)
+    if found is None:
         import torch
 
         return not torch.cuda.is_available()
-    return name == CPU_BUILD or version.endswith("+cpu")
+    name, version = found
+    return name == CPU_PACKAGE or version.endswith("+cpu")
 
 
 def engine_folders(cfg: Any, spec: MethodSpec) -> list[Path]:
@@ -270,7 +266,7 @@ class VllmWorker:
             line = self.reply()
         except BrokenPipeError:  # it had died before it could read the message
             line = ""
-        if not line:
+        if not line.endswith("\n"):  # nothing, or a line cut short: it died before it had answered whole
             raise EngineStopped(self.death(message.get("op")))
         answer = json.loads(line)
         if "error" in answer:

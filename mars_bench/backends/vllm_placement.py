@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mars_bench.backends.vllm_memory import DTYPE_BYTES, GIB, gib
+from mars_bench.backends.vllm_memory import GIB, dtype_bytes, gib
 
 # What vLLM 0.34 counts in gpu_memory_utilization beside weights and KV (Worker.determine_available_memory): the peak
 # of its profiling forward over max_num_batched_tokens (the worker sets it to max_model_len, 4,096 tokens: the MLP's
@@ -109,7 +109,7 @@ class GpuPlan:
 
 def per_gpu(figures: GpuFigures, tp: int) -> PerGpu:
     """What each GPU holds with the models sharded over ``tp`` GPUs (see the module)."""
-    width = DTYPE_BYTES[figures.dtype]
+    width = dtype_bytes(figures.dtype)
     return PerGpu(sum(model.weights_per_gpu(tp) for model in figures.models),
                   sum(model.kv_per_gpu(tp, figures.tokens, width) for model in figures.models), figures.reserve)  # fmt: skip
 
@@ -184,7 +184,7 @@ def head_figures(name: str, config: dict[str, Any], dtype: str) -> ModelFigures:
     from mars_bench.drafting.eagle3.checkpoint import EMBED_KEY, head_shapes
 
     shapes = head_shapes(config)
-    width = DTYPE_BYTES[dtype]
+    width = dtype_bytes(dtype)
     weights = sum(math.prod(shape) for key, shape in shapes.items() if key not in (EMBED_KEY, "t2d")) * width
     heads = int(config["num_attention_heads"])
     return ModelFigures(name, weights, math.prod(shapes["fc.weight"]) * width, int(config.get("num_hidden_layers") or 1),

@@ -33,7 +33,7 @@ from mars_bench.bench.run_folder import CELL_CLAIM, write_config
 from mars_bench.bench.schedule import Conversation, run_schedule
 from mars_bench.bench.timing import DecodeTimer
 from mars_bench.bench.writing import PairedWriter
-from mars_bench.config import check_run_config, method_spec, shadow_verifiers
+from mars_bench.config import check_run_config, method_spec, shadow_verifiers, take_back_tuning
 from mars_bench.decoding import DecodeResult
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.method import MethodSpec
@@ -239,6 +239,7 @@ def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, 
         print(f"mars_bench: {folder} is being written by {claim.holder()}; waiting", file=sys.stderr)
         claim.wait()
     try:
+        take_back_tuning(cfg)  # the config written is the one run (a multirun's cells are checked only here)
         write_config(folder, cfg)  # first: a run stopped even while its models load is its configuration's to resume
         cell = Cell(cfg, folder, name or folder.name, on_write=claim.beat)
         try:

@@ -168,7 +168,7 @@ def legacy_setting_fields(row: Mapping[str, Any]) -> list[str]:
     return [name for name in row if name not in RECORD_FIELDS and name not in RETIRED_LATER]
 
 
-def own_engine(row: Mapping[str, Any]) -> bool:
+def decoded_by_own_engine(row: Mapping[str, Any]) -> bool:
     """Whether this package's engine decoded ``row``: its ``own_engine`` field; in a row older than the field
     (schema 13 and before), whether its backend was ``EARLIER_BACKEND``, the one backend that ran this engine
     then (a ``vllm`` row reads False)."""

