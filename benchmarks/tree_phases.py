@@ -14,7 +14,7 @@ after one untimed warm-up decode, ``--repeats`` times; the engine's own phase cl
 per step of each phase (total phase seconds over all steps), and the median step's draft and
 verify ms, as a Markdown table; written: the same as JSON to ``--out``, with the code's origin.
 
-It imports only APIs that the code before and after issue 18 both have, so the same script
+It imports only APIs that the code before and after the tree-phase rework both have, so the same script
 times either checkout: ``PYTHONPATH=/path/to/checkout python benchmarks/tree_phases.py``.
 """
 

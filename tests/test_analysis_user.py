@@ -1,4 +1,4 @@
-"""What a first-time user met in the analysis (issue 29), in the user's order, on records as the app
+"""What a first-time user met in the analysis, in the user's order, on records as the app
 writes them: a refused run and a repeated configuration entered the analysis silently (3); a busy
 machine left nothing to read where the speedup would be (4); table1.tex, index.md and three figures
 had small defects (8)."""

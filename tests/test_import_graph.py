@@ -1,23 +1,31 @@
 """The package's import graph has no cycle: every module of ``mars_bench`` (and of ``analysis``, which a wheel
 installs as ``mars_bench.analysis``) imports only modules that do not import it back, directly or through
 others. Every import counts, at the top of a module or inside a function (a lazy import hides a cycle, it
-does not remove it); a package's ``__init__`` counts as a module of its own."""
+does not remove it); a package's ``__init__`` counts as a module of its own, and importing a module runs the
+``__init__`` of every package above it first (``import a.b.c`` runs ``a/__init__`` and ``a/b/__init__``), so an
+import is also an edge to each of those packages that the importing module is not itself inside."""
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("mars_bench", "analysis")
 
 
-def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module under ``ROOTS`` (the committed examples are data)."""
+def module_files(repo: Path = REPO) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under ``ROOTS`` of ``repo`` (the committed examples are data)."""
     modules = {}
     for root in ROOTS:
-        for path in (REPO / root).rglob("*.py"):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+        for path in (repo / root).rglob("*.py"):
+            parts = list(path.relative_to(repo).with_suffix("").parts)
             if "examples" in parts:
                 continue
             if parts[-1] == "__init__":
@@ -47,7 +55,17 @@ def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             for alias in node.names:
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else ours(base))
+    found |= {parent for module in found if module for parent in packages_run_first(module, package, modules)}
     return {module for module in found if module and module != name}
+
+
+def packages_run_first(module: str, package: str, modules: dict[str, Path]) -> set[str]:
+    """The packages whose ``__init__`` importing ``module`` runs first, from inside ``package``: those above it
+    that ``package`` is not itself inside (those are running already)."""
+    parts = module.split(".")
+    above = {".".join(parts[:end]) for end in range(1, len(parts))}
+    own = {".".join(package.split(".")[:end]) for end in range(1, len(package.split(".")) + 1)}
+    return {parent for parent in above - own if parent in modules}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -92,8 +110,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = module_files()
+def import_graph(repo: Path = REPO) -> dict[str, set[str]]:
+    modules = module_files(repo)
     return {name: imported(name, path, modules) for name, path in modules.items()}
 
 
@@ -115,3 +133,22 @@ def test_relative_and_from_imports_resolve_to_our_modules():
     modules = module_files()
     assert "mars_bench.verification.base" in imported("mars_bench.verification", modules["mars_bench.verification"], modules)
     assert "mars_bench.bench.run_folder" in imported("mars_bench.__main__", modules["mars_bench.__main__"], modules)
+
+
+@pytest.mark.slow
+def test_a_cycle_through_a_packages_init_is_caught(tmp_path):
+    """Planted in a copy: ``drafting/lookup.py`` importing ``mars_bench.decoding.engine`` runs ``decoding/__init__``,
+    which imports the engine, which imports the drafters: ``import mars_bench.decoding`` then fails, and the graph
+    has the cycle through the package's ``__init__``."""
+    copy = tmp_path / "repo"
+    for root in ROOTS:
+        shutil.copytree(REPO / root, copy / root, ignore=shutil.ignore_patterns("__pycache__", "examples"))
+    assert cycles(import_graph(copy)) == []
+    lookup = copy / "mars_bench" / "drafting" / "lookup.py"
+    planted = "import torch\n\nfrom mars_bench.decoding.engine import cut_at_stop  # noqa: F401\n"
+    lookup.write_text(lookup.read_text().replace("import torch\n", planted, 1))
+    found = cycles(import_graph(copy))
+    assert any({"mars_bench.decoding", "mars_bench.drafting.lookup"} <= set(cycle) for cycle in found), found
+    broken = subprocess.run([sys.executable, "-c", "import mars_bench.decoding"], cwd=copy, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(copy)}, timeout=120)  # fmt: skip
+    assert broken.returncode != 0 and "ImportError" in broken.stderr  # the cycle is real: the package cannot load

@@ -1,6 +1,7 @@
 """The KV cache: its one constructor, cached forwards (chain, tree, a batch of rows) and every
 surgery on it (rollback, keeping a tree's accepted path, masking, dropping rows), shared by the
-engine and the drafters. Nothing else in mars_bench builds or edits a cache.
+engine and the drafters. Nothing else in mars_bench builds or edits a model's cache; the EAGLE-3 head keeps a
+one-layer cache of its own, its own tensors (``drafting/eagle3/head.py``).
 
 transformers' ``DynamicCache`` keeps per layer ``keys`` and ``values`` [B, kv_heads, S, head_dim];
 ``crop`` takes a negative count, and positions are selected by editing those public tensors
