@@ -14,16 +14,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from mars_bench.bench.records import decoded_by_own_engine
 from mars_bench.bench.summary import CUT_MARK, cut_note, disturbed_note, disturbed_rows, finished
 from mars_bench.common.files import atomic_replace
 
 from . import acceptance, batching, fidelity, figures
 from .cells import INCLUDE_CUT, INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups
-from .gather import Gathered, NoRecordsError, gather_runs
+from .gather import OPTIONAL, PER_POSITION, Gathered, NoRecordsError, gather_runs, name_conditions
 from .quality import quality_table
 from .runs import POOL_REPEATS, Pooled, pooled_settings, repeats
 from .tables import latex_notes, table1, table1_notes, to_latex, to_markdown
 
+KEYED = " The figure names settings by short keys; its key table (NAME_key.md) gives each in full."
 DESCRIPTIONS = {
     "settings": "every setting (target, drafter, task, temperature, verifier and its setting, with a column for each "
     "setting that differs between a verifier's cells): prompts, run_folders (the "
@@ -40,14 +42,15 @@ DESCRIPTIONS = {
     "threshold ablation": "speedup, tau, score and trigger rate against the one setting that differs between a "
     "verifier's cells (a column of panels per such verifier, the x axis named verifier: setting), one line per task; "
     "dashed: the strict verifier.",
-    "pareto": "score against speedup for every verifier and setting, per task, with the Pareto front.",
+    "pareto": "score against speedup for every verifier and setting, per task, with the Pareto front." + KEYED,
     "quality": "task score per verifier, its mean paired difference from the strict verifier (rejection when sampling, "
     "exact when greedy; the AR baseline if the strict one was not run) on the same prompts, bootstrap 95% CI of that "
     "difference, and a two-sided paired sign-flip permutation test.",
     "alpha per depth": "alpha_d, the share of drafts reaching depth d that are accepted, with its bootstrap 95% CI over "
-    "prompts and the drafts reaching each depth, per verifier and task.",
-    "margin histograms": "histograms of the margin z2 / z1 at strict accepts, relaxed accepts and rejections, per verifier.",
-    "acceptance by margin": "acceptance rate of verified positions per margin bin, with counts.",
+    "prompts and the drafts reaching each depth, per verifier and task." + KEYED,
+    "margin histograms": "histograms of the margin z2 / z1 at strict accepts, relaxed accepts and rejections, per verifier."
+    + KEYED,
+    "acceptance by margin": "acceptance rate of verified positions per margin bin, with counts." + KEYED,
     "shadow": "acceptance rate (kept drafts / drafts) of the live verifier and of each shadow verifier on the very same "
     "drafts and target logits.",
     "fidelity": "per setting and per rule judged on its drafts (the live verifier, then each shadow): positions, expected "
@@ -57,7 +60,7 @@ DESCRIPTIONS = {
     "the score with its CI (live rows only: a shadow emits no text).",
     "frontier": "expected acceptance against mean KL and mean TV per position, and expected tau against KL, one line "
     "per rule family over its parameters, the strict rule a star, with the bounds 1 - TV(q, p) + TV and "
-    "1 - TV(q, p) + sqrt(KL / 2).",
+    "1 - TV(q, p) + sqrt(KL / 2)." + KEYED,
     "batching": "per task, rule and batch size B: the throughput speedup over the baseline at the same B (all rows' new "
     "tokens over the batches' wall time), the per-request latency speedup, tau, the peak memory, the speedup over the "
     "strict rule at the same B; with the forward costs of `python -m mars_bench.perf.batch_costs` beside the records "
@@ -115,6 +118,35 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
     atomic_replace(path, buffer.getvalue())
 
 
+def read_parquet(path: Path) -> pd.DataFrame:
+    """Records as ``write_parquet`` stored them, read back as ``gather`` gave them: the mapping columns
+    from their JSON text, the per-position arrays as lists (the committed examples' figures are drawn so)."""
+    frame = pd.read_parquet(path)
+    types = pd.api.types
+    for column in [name for name in frame.columns if types.is_object_dtype(frame[name]) or types.is_string_dtype(frame[name])]:
+        values = frame[column].dropna()
+        if len(values) and values.map(lambda value: isinstance(value, str) and value.startswith("{")).all():
+            frame[column] = frame[column].map(lambda value: json.loads(value) if isinstance(value, str) else {})
+        elif values.map(lambda value: hasattr(value, "tolist")).any():
+            frame[column] = frame[column].map(lambda value: value.tolist() if hasattr(value, "tolist") else value)
+    for column, default in OPTIONAL.items():  # fields written after the records were gathered
+        if column not in frame:
+            frame[column] = default
+    for column in PER_POSITION:
+        if column not in frame:
+            frame[column] = [[] for _ in range(len(frame))]
+    if "conditions" not in frame:
+        frame = name_conditions(frame)
+    if "own_engine" not in frame:
+        frame["own_engine"] = [decoded_by_own_engine(row) for row in frame[["backend"]].to_dict("records")]
+    return frame
+
+
+def with_key(figure: Path) -> list[str]:
+    """A figure that names settings by short keys, and its key table (``figures.key_path``), as index.md links them."""
+    return [figure.name, figures.key_path(figure).name]
+
+
 def counted(count: int, noun: str) -> str:
     """``1 run folder``, ``2 run folders``."""
     return f"{count} {noun}" + ("" if count == 1 else "s")
@@ -161,7 +193,7 @@ def write_all(
 
         report.make("table1", write_table1)
         report.make("threshold ablation", lambda: [figures.threshold_ablation(summary, out / "threshold_ablation.png").name])
-        report.make("pareto", lambda: [figures.pareto(summary, out / "pareto.png").name])
+        report.make("pareto", lambda: with_key(figures.pareto(summary, out / "pareto.png")))
     report.make("quality", lambda: write_quality(frame, report, include_cut))
     write_acceptance(frame, report)
     write_fidelity(frame, report, include_disturbed)
@@ -229,7 +261,7 @@ def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
     def alpha() -> list[str]:
         table = acceptance.alpha_per_depth(frame)
         figure = figures.alpha_by_depth(table, out / "alpha_per_depth.png")
-        return [*report.table("alpha_per_depth", table, ALPHA_FORMATS), figure.name]
+        return [*report.table("alpha_per_depth", table, ALPHA_FORMATS), *with_key(figure)]
 
     report.make("alpha per depth", alpha)
     try:
@@ -238,12 +270,12 @@ def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
         report.skipped.append(f"- margin figures: skipped, {reason}.")
         positions = None
     if positions is not None:
-        report.make("margin histograms", lambda: [figures.margin_histograms(positions, out / "margin_histograms.png").name])
+        report.make("margin histograms", lambda: with_key(figures.margin_histograms(positions, out / "margin_histograms.png")))
 
         def by_margin() -> list[str]:
             table = acceptance.acceptance_by_margin(positions)
             return [*report.table("acceptance_by_margin", table),
-                    figures.acceptance_by_margin_plot(table, out / "acceptance_by_margin.png").name]  # fmt: skip
+                    *with_key(figures.acceptance_by_margin_plot(table, out / "acceptance_by_margin.png"))]  # fmt: skip
 
         report.make("acceptance by margin", by_margin)
     report.make("shadow", lambda: report.table("shadow", acceptance.shadow_table(frame), {"prompts": "{}", "drafted": "{}"}))
@@ -266,7 +298,7 @@ def write_fidelity(frame: pd.DataFrame, report: Report, include_disturbed: bool 
         return
     out = report.out
     report.make("fidelity", lambda: report.table("fidelity", table, FIDELITY_FORMATS))
-    report.make("frontier", lambda: [figures.frontier(table, out / "frontier.png").name])
+    report.make("frontier", lambda: with_key(figures.frontier(table, out / "frontier.png")))
 
     def decomposition() -> list[str]:
         return report.table("decomposition", fidelity.decomposition_table(frame, include_disturbed), DECOMPOSITION_FORMATS)
