@@ -116,6 +116,13 @@ class Backend(ABC):
     def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
         """Decode ``requests`` together with ``method``: one result per prompt, in order."""
 
+    def forward_modules(self, method: PreparedMethod) -> dict[str, Any]:
+        """The modules whose calls run ``method``'s model forwards in this process, by role: ``target``, and ``drafter``
+        where a separate draft model drafts (as the drafter runs it: its cut head, its quantized weights). What the
+        perf suite's forward hooks count and time (``perf/costs.py``); empty where the forwards run elsewhere (another
+        process)."""
+        return {}
+
     def plan_methods(self, methods: Mapping[str, MethodSpec]) -> MethodsPlan:
         """Whether ``methods`` (label -> spec, in the order they would run one at a time) may be prepared and held
         together; ValueError, in one line, where not even one can be. Asked before any is prepared."""

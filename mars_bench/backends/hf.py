@@ -110,6 +110,13 @@ class TransformersBackend(Backend):
         return {"drafter": drafter.describe() if drafter is not None else None,
                 "verifier": verifier.describe() if verifier is not None else None}  # fmt: skip
 
+    def forward_modules(self, method: PreparedMethod) -> dict[str, Any]:
+        drafter, _ = method.handle
+        modules = {"target": self.target.model}
+        if drafter is not None and method.spec.needs_draft_model:
+            modules["drafter"] = drafter.model
+        return modules
+
     def generate(self, method: PreparedMethod, requests: Requests) -> list[DecodeResult]:
         drafter, verifier = method.handle
         settings = {"max_new_tokens": requests.max_new_tokens, "stop_token_ids": requests.stop_token_ids,
