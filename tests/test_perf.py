@@ -5,6 +5,7 @@ numbers docs/performance.md gives, not asserted here.)"""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,17 +62,20 @@ def test_configurations_given_one_by_one_are_checked_before_anything_loads(optio
 
 def test_configurations_given_one_by_one_replace_every_length_with_every_vocabulary():
     settings, _ = perf_options(["--configs", "fixed", "confidence:32768"])
-    assert settings.configs() == [DraftConfig("fixed", None), DraftConfig("confidence", 32768)]
+    assert settings.configs() == [DraftConfig.of("model", "fixed"), DraftConfig.of("model", "confidence", draft_vocab=32768)]
     quantized, _ = perf_options(["--configs", "confidence:32768", "confidence:32768:int4", "fixed:none:int8"])
-    assert quantized.configs()[1:] == [DraftConfig("confidence", 32768, "int4"), DraftConfig("fixed", None, "int8")]
+    assert quantized.configs()[1:] == [DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4"),
+                                       DraftConfig.of("model", "fixed", weights="int8")]  # fmt: skip
     names = ["confidence + vocab 32768 + int4 weights", "fixed + int8 weights"]
     assert [config.name for config in quantized.configs()[1:]] == names
     assert [config.drafter_key for config in quantized.configs()] == ["32768", "32768:int4", "None:int8"]
     guessing, _ = perf_options(["--configs", "confidence:32768:int4:3", "confidence:32768:none:3"])
-    assert guessing.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
+    assert guessing.configs() == [DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4", guesses=3),
+                                  DraftConfig.of("model", "confidence", draft_vocab=32768, guesses=3)]  # fmt: skip
     assert guessing.configs()[0].name == "confidence + vocab 32768 + int4 weights + 3 guesses"
     prompted, _ = perf_options(["--configs", "confidence:32768+context:int4:3"])
-    assert prompted.configs() == [DraftConfig("confidence", 32768, "int4", 3, context_vocab=True)]
+    assert prompted.configs() == [DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4", guesses=3,
+                                                 context_vocab=True)]  # fmt: skip
     assert prompted.configs()[0].name == "confidence + vocab 32768 + context tokens + int4 weights + 3 guesses"
     assert prompted.configs()[0].drafter_key == "32768+context:int4"
     assert prompted.spec(prompted.configs()[0], 0.0).drafter_settings.context_vocab
@@ -229,12 +233,12 @@ def int4_weights(model) -> dict:
 def test_assisted_generation_drafts_with_the_same_int4_weights_as_the_drafter_it_is_compared_with():
     from mars_bench.perf.suite import DraftConfig, PerfSettings, Suite, methods_for
 
-    config = DraftConfig("fixed", None, "int4")
+    config = DraftConfig.of("model", "fixed", weights="int4")
     settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, tasks=("gsm8k",), num_prompts=1, data_dir=str(SHARED_DATA),
                             configurations=(config,), temperatures=(0.0,))  # fmt: skip
     suite = Suite(settings)
     assert {m.assistant_weights for m in methods_for(settings) if m.assisted} == {None, "int4"}
-    assistant, drafter = suite.assistants["int4"], suite.drafters[config].model
+    assistant, drafter = suite.assistants["int4"], suite.drafter_module(config)
     assert suite.assistants[None] is suite.peer_draft  # the plain load stays as loaded
     quantized, ours = int4_weights(assistant), int4_weights(drafter)
     assert quantized.keys() == ours.keys() and len(quantized) == 1 + 7 * assistant.config.num_hidden_layers  # head too
@@ -244,7 +248,7 @@ def test_assisted_generation_drafts_with_the_same_int4_weights_as_the_drafter_it
 
 
 def test_a_comparison_with_transformers_names_our_packed_linears_and_one_inside_our_engine_does_not():
-    config = DraftConfig("confidence", 32768, weights="int4")
+    config = DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4")
     ours, ar = suite_module.Method(suite_module.OURS, 0.0, config), suite_module.Method(suite_module.OURS, 0.0)
     assisted = suite_module.Method(suite_module.PEER, 0.0, assisted=True, assistant_weights="int4")
     kernels = "the linear layers: ours packed for oneDNN"
@@ -270,8 +274,8 @@ def test_vllms_peers_without_the_tested_vllm_are_refused_in_one_line_before_anyt
 
 
 def test_vllms_peers_are_timed_greedy_and_compared_with_ours_naming_what_differs():
-    settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, peers=("vllm", "vllm-spec"),
-                            configurations=(DraftConfig("fixed"), DraftConfig("confidence", 32768, "int4")))  # fmt: skip
+    configs = (DraftConfig.of("model", "fixed"), DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4"))
+    settings = PerfSettings(target=SMOLLM, draft_model=SMOLLM, peers=("vllm", "vllm-spec"), configurations=configs)
     methods = suite_module.methods_for(settings)
     ar, spec = "T=0 vllm AR", "T=0 vllm draft-model speculative decoding"
     assert [m.name for m in methods if m.side == suite_module.VLLM] == [ar, spec]  # greedy only, at T=0 and T=1 alike
@@ -286,3 +290,22 @@ def test_vllms_peers_are_timed_greedy_and_compared_with_ours_naming_what_differs
     unlike = rows[("T=0 ours chain exact, confidence + vocab 32768 + int4 weights", spec)]
     assert "the draft weights: ours int4, vLLM's as loaded (no counterpart)" in unlike and "32,768 tokens" in unlike
     assert ("T=1 ours AR baseline", ar) not in rows
+
+
+def test_reports_written_before_the_drafters_own_settings_were_recorded_read_as_they_did():
+    """perf.json's version 2 records a configuration as its policy and its drafter's own settings by name; a committed
+    report of version 1 (its own names for them) still renders its committed perf.md, and the same run recorded as
+    version 2 renders the same header."""
+    import json
+
+    from mars_bench.perf.report import REPORT_VERSION, markdown
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "perf_context_t0_cpu"
+    old = json.loads((folder / "perf.json").read_text())
+    assert "version" not in old and markdown(old).strip() == (folder / "perf.md").read_text().strip()
+    names = {"vocab": "draft_vocab", "weights": "weights", "guesses": "guesses", "context_vocab": "context_vocab"}
+    configurations = [{"length": c["length"], "settings": {names[k]: v for k, v in c.items() if k in names}}
+                      for c in old["settings"]["configurations"]]  # fmt: skip
+    new = {**old, "version": REPORT_VERSION, "settings": {**old["settings"], "configurations": configurations}}
+    assert report_header(new) == report_header(old)
+    assert "drafter configurations confidence + vocab 32768 + context tokens + int4 weights + 3 guesses" in report_header(new)

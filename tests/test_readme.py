@@ -575,7 +575,7 @@ def test_the_drafter_configurations_run_each_length_policy_with_each_draft_vocab
     settings, _ = perf_settings(prefix)
     assert settings.draft_lengths == ("fixed", "schedule", "confidence") and settings.draft_vocabs == (None, 32768)
     lengths, vocabs = settings.draft_lengths, settings.draft_vocabs
-    assert settings.configs() == [DraftConfig(length, vocab) for length in lengths for vocab in vocabs]
+    assert settings.configs() == [DraftConfig.of("model", length, draft_vocab=vocab) for length in lengths for vocab in vocabs]
     assert settings.tasks == tasks and settings.temperatures == (0.0,) and settings.repeats == 2
     assert chain_methods(settings) == {f"T=0 ours chain exact, {config.name}" for config in settings.configs()}
     assert {config.drafter_key for config in settings.configs()} == {"None", "32768"}  # the reduced head's forward timed too
@@ -607,7 +607,7 @@ def test_the_int4_drafter_runs_time_the_quantized_configuration_at_each_temperat
     assisted = {m.name for m in methods_for(settings) if m.assisted}
     t = chain.split(" ")[0]  # like for like: assisted generation also drafts with the int4 assistant
     assert assisted == {f"{t} transformers assisted generation", f"{t} transformers assisted generation, int4 assistant"}
-    assert settings.configs() == [DraftConfig("confidence", 32768, "int4")]
+    assert settings.configs() == [DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4")]
     assert [config.drafter_key for config in settings.configs()] == ["32768:int4"]  # the quantized drafter's own forward cost
 
 
@@ -621,7 +621,8 @@ def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter
     settings, out = perf_settings(LIKE_T0)
     assert settings.tasks == ("humaneval", "gsm8k", "mt_bench") and settings.num_prompts == 10 and settings.repeats == 2
     assert (settings.gamma, settings.min_confidence, settings.temperatures) == (20, 0.6, (0.0,))
-    assert settings.configs() == [DraftConfig("confidence", 32768, "int4", 3), DraftConfig("confidence", 32768, None, 3)]
+    assert settings.configs() == [DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4", guesses=3),
+                                  DraftConfig.of("model", "confidence", draft_vocab=32768, guesses=3)]  # fmt: skip
     names = {method.name for method in methods_for(settings)}
     assert names == {"T=0 ours AR baseline", "T=0 transformers assisted generation, int4 assistant",
                      "T=0 transformers assisted generation",  # the bf16 configuration's like-for-like assistant
@@ -632,14 +633,16 @@ def test_the_like_for_like_protocol_times_the_tuned_default_and_its_bf16_drafter
 def test_the_context_protocol_is_the_greedy_protocol_with_context_tokens_and_its_int4_configuration_is_the_default():
     settings, out = perf_settings(LIKE_CONTEXT_T0)
     greedy, _ = perf_settings(LIKE_T0)
-    with_context = tuple(replace(config, context_vocab=True) for config in greedy.configurations)
+    with_context = tuple(replace(config, settings=replace(config.settings, context_vocab=True))
+                         for config in greedy.configurations)  # fmt: skip
     assert settings == replace(greedy, configurations=with_context) and out == Path("perf_context_t0")
     assert "T=0 ours chain exact, confidence + vocab 32768 + context tokens + int4 weights + 3 guesses" in chain_methods(settings)
     tuned = run_config().drafter  # the embedded pair's default
     default = settings.configs()[0]
+    drafter = default.settings
     assert (tuned.length, tuned.gamma, tuned.min_confidence, tuned.draft_vocab, tuned.context_vocab, tuned.weights,
-            tuned.guesses) == (default.length, settings.gamma, settings.min_confidence, default.vocab, True, default.weights,
-                               default.guesses)  # fmt: skip
+            tuned.guesses) == (default.length, settings.gamma, settings.min_confidence, drafter.draft_vocab, True,
+                               drafter.weights, drafter.guesses)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -667,7 +670,8 @@ def test_the_unseen_prompts_run_times_each_tasks_next_ten_prompts_with_the_defau
     settings, out = perf_settings(UNSEEN + " --min-confidence 0.6 --draft-cost")
     assert (settings.num_prompts, settings.skip_prompts, settings.repeats, settings.draft_cost) == (10, 10, 1, 0.17)
     default, gain = settings.configs()
-    assert default == DraftConfig("confidence", 32768, "int4", 3) and gain == replace(default, length="gain")
+    assert default == DraftConfig.of("model", "confidence", draft_vocab=32768, weights="int4", guesses=3)
+    assert gain == replace(default, length="gain")
     assert settings.spec(gain, 0.0).draft_stop() == GainStop(0.17) and out == Path("perf_unseen_t0")
     greedy, _ = perf_settings(LIKE_T0)
     same_else = {"skip_prompts": 0, "repeats": 2, "draft_cost": greedy.draft_cost, "configurations": greedy.configurations}

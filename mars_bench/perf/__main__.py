@@ -125,7 +125,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
 def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
     """The drafter configurations asked for: ``--configs`` one by one (``POLICY``, ``POLICY:K``,
     ``POLICY:K:WEIGHTS`` or ``POLICY:K:WEIGHTS:GUESSES``; ``K+context``: K and the context's tokens), else
-    each ``--draft-length`` with each ``--draft-vocab``."""
+    each ``--draft-length`` with each ``--draft-vocab``. K, WEIGHTS, GUESSES and +context are the suite's drafter's
+    settings ``draft_vocab``, ``weights``, ``guesses`` and ``context_vocab`` (the app's ``drafter.*`` keys)."""
     if args.configs is None:  # what is not given keeps PerfSettings' default
         product = {"draft_lengths": tuple(args.draft_length or ()),
                    "draft_vocabs": tuple(parse_vocab(value) for value in args.draft_vocab or ())}  # fmt: skip
@@ -143,8 +144,9 @@ def draft_configs(args: argparse.Namespace) -> dict[str, tuple]:
         vocab, plus, added = vocab.partition("+")
         if plus and added != "context":
             raise ValueError(f"--configs {value} is invalid: allowed after K+ is context (the context's tokens too)")
-        config = DraftConfig(length, parse_vocab(vocab, "--configs", value) if vocab else None, weights,
-                             parse_guesses(guesses, value) if guesses else 0, context_vocab=bool(plus))  # fmt: skip
+        draft_vocab = parse_vocab(vocab, "--configs", value) if vocab else None
+        config = DraftConfig.of(PerfSettings.drafter, length, draft_vocab=draft_vocab, weights=weights,
+                                guesses=parse_guesses(guesses, value) if guesses else 0, context_vocab=bool(plus))  # fmt: skip
         if config in configs:
             raise ValueError(f"--configs {value} is given twice: allowed is each configuration once")
         configs.append(config)

@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mars_bench.bench.contention import DEFAULT_THRESHOLD
+
+# The layout of perf.json. 2: a drafter configuration (settings.configurations, a result's config) is its draft-length
+# policy and its drafter's own settings by their names, {"length", "settings": {"draft_vocab", "weights", ...}}, and the
+# settings name the drafter and the backend. 1 (reports without "version"): {"length", "vocab", "weights", "guesses",
+# "context_vocab"}, the last three missing from the earliest.
+REPORT_VERSION = 2
 
 
 def spread(row: dict[str, Any]) -> tuple[str, str]:
@@ -27,10 +34,22 @@ def config_label(
             + (f" + {weights} weights" if weights else "") + (f" + {guesses} guesses" if guesses else ""))  # fmt: skip
 
 
+def drafter_label(length: str, settings: Mapping[str, Any]) -> str:
+    """A drafter configuration's name from its draft-length policy and its drafter's settings by name."""
+    return config_label(length, settings.get("draft_vocab"), settings.get("weights"), settings.get("guesses", 0),
+                        settings.get("context_vocab", False))  # fmt: skip
+
+
+def configuration_name(config: dict[str, Any], version: int) -> str:
+    """The name of a configuration as a report of layout ``version`` records it (``REPORT_VERSION``)."""
+    return drafter_label(config["length"], config["settings"]) if version >= 2 else config_label(**config)
+
+
 def header(result: dict[str, Any]) -> str:
     s = result["settings"]
     if s.get("configurations"):
-        configs = "drafter configurations " + ", ".join(config_label(**config) for config in s["configurations"])
+        version = result.get("version", 1)
+        configs = "drafter configurations " + ", ".join(configuration_name(config, version) for config in s["configurations"])
     else:
         vocabs = ", ".join("all" if v is None else str(v) for v in s["draft_vocabs"])
         configs = f"draft lengths {', '.join(s['draft_lengths'])}, draft vocabularies {vocabs}"

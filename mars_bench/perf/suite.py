@@ -6,8 +6,13 @@ Methods, at each temperature asked for: our autoregressive baseline; transformer
 ``generate`` (greedy only) and assisted generation, on models loaded exactly as a
 transformers user loads them (``peer.load_peer``); where asked for (greedy only), vLLM's CPU engine
 without and with its own draft-model speculative decoding (``vllm_peer``); our chain speculative
-decoding in each drafter configuration (a draft-length policy and a draft vocabulary), with ``exact``
-when greedy and ``rejection`` when sampling.
+decoding in each drafter configuration (a draft-length policy and the drafter's own settings), with
+``exact`` when greedy and ``rejection`` when sampling.
+
+Our methods are ``MethodSpec``s, named and set as the app names and sets them (the drafter registry's
+``drafter_settings``, the verifier registry), and run through the backend seam a sweep cell runs them through
+(``mars_bench/backends``): the backend is built from the app's run config (``backend_config``) with the models a
+cell loads, and each method is prepared on it and decoded by its ``generate``. The peers run as their users run them.
 """
 
 from __future__ import annotations
@@ -16,23 +21,27 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from mars_bench.backend_config import backend_config
+from mars_bench.backends import PreparedMethod, Requests, make_backend
+from mars_bench.backends.base import backend_class, check_backend
 from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.manifest import cpu_description, git_state, gpu_description, package_versions, source_hash
 from mars_bench.common.kernels import DEFAULT_KERNELS, check_kernels
 from mars_bench.common.strict_rule import strict_verifier
 from mars_bench.common.token_counts import emitted_tokens
-from mars_bench.decoding import decode
+from mars_bench.config import ModelConfig
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES
+from mars_bench.drafting import available_drafters, build_settings, drafter_needs_model, is_tree_drafter
 from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.draft_weights import quantized_draft_model
 from mars_bench.drafting.stop import check_draft_cost, check_min_confidence
 from mars_bench.method import MethodSpec
-from mars_bench.models.loading import chat_prompt_ids, check_tokenizers_compatible, load_model, stop_token_ids
+from mars_bench.models.loading import chat_prompt_ids
 from mars_bench.models.sources import resolve_model
 from mars_bench.perf.costs import (
     ForwardTimer,
@@ -42,7 +51,7 @@ from mars_bench.perf.costs import (
     predicted_step_speedup,
 )
 from mars_bench.perf.peer import PEER_LOADING, assistant_settings, load_peer, peer_generate, peer_generation_config
-from mars_bench.perf.report import config_label
+from mars_bench.perf.report import REPORT_VERSION, drafter_label
 from mars_bench.perf.vllm_peer import ENFORCE_EAGER, VLLM_PEERS, VllmEngines, check_vllm_peers
 from mars_bench.tasks.options import task_option
 from mars_bench.tasks.providers import load_questions
@@ -56,27 +65,37 @@ ALL_PEERS = PEER_METHODS + VLLM_PEERS  # vLLM's are asked for by name: two more 
 Raw = dict[str, list[list[dict[str, Any]]]]  # method name -> per repeat -> per prompt: one timed run
 
 
+def chain_drafters_of_a_model() -> list[str]:
+    """The registered drafters the suite times: chains drafted by a separate draft model, as assisted generation and
+    vLLM's draft-model speculative decoding draft."""
+    return [name for name in available_drafters() if drafter_needs_model(name) and not is_tree_drafter(name)]
+
+
 @dataclass(frozen=True)
 class DraftConfig:
-    """One configuration of our model drafter: its draft-length policy, draft vocabulary (K or
-    None: all), weights (int8, int4 or None: as loaded) and lookup guesses per drafter forward
-    (``drafter.guesses``); ``context_vocab``: the draft vocabulary also holds the context's tokens."""
+    """One configuration of the suite's drafter: its draft-length policy (``drafter.length``) and its own settings,
+    an instance of the drafter's settings class (``drafter_settings(PerfSettings.drafter)``: the app's ``drafter.*``
+    keys, e.g. ``draft_vocab``, ``weights``, ``guesses``, ``context_vocab``, checked by the drafter when made)."""
 
-    length: str = "fixed"
-    vocab: int | None = None
-    weights: str | None = None
-    guesses: int = 0
-    context_vocab: bool = False
+    length: str
+    settings: Any
+
+    @classmethod
+    def of(cls, drafter: str, length: str, **settings: Any) -> DraftConfig:
+        """The configuration of the registered ``drafter`` under ``length`` with its ``settings`` by name (unset ones at
+        the drafter's defaults; ValueError, in one line, for a value the drafter refuses)."""
+        return cls(length, build_settings(drafter, **settings))
 
     @property
     def name(self) -> str:
-        return config_label(self.length, self.vocab, self.weights, self.guesses, self.context_vocab)
+        return drafter_label(self.length, asdict(self.settings))
 
     @property
     def drafter_key(self) -> str:
         """The forward-cost table's key for this configuration's draft model (its vocabulary,
         and its weights if quantized: the draft length does not change a forward)."""
-        return str(self.vocab) + ("+context" if self.context_vocab else "") + (f":{self.weights}" if self.weights else "")
+        s = self.settings
+        return str(s.draft_vocab) + ("+context" if s.context_vocab else "") + (f":{s.weights}" if s.weights else "")
 
 
 @dataclass(frozen=True)
@@ -101,6 +120,8 @@ class PerfSettings:
     token_counts: str | None = None  # the count that ranks the draft vocabulary (None: the built-in ShareGPT count)
     data_dir: str | None = None
     kernels: str = DEFAULT_KERNELS  # our models' linear layers on the CPU (model.kernels); transformers' loads as its users
+    drafter: str = "model"  # the registered drafter of our configurations (chain_drafters_of_a_model)
+    backend: str = "transformers"  # the registered backend our methods run on: this package's engine (Backend.own_engine)
 
     def check(self) -> None:
         for option, value in (("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens),
@@ -109,6 +130,13 @@ class PerfSettings:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
         if self.skip_prompts < 0:
             raise ValueError(f"--skip-prompts={self.skip_prompts} is invalid: allowed is an integer >= 0")
+        if self.drafter not in chain_drafters_of_a_model():
+            raise ValueError(f"drafter={self.drafter!r} is invalid: the suite times chains drafted by the draft model, as "
+                             f"assisted generation drafts: allowed are {', '.join(chain_drafters_of_a_model())}")  # fmt: skip
+        check_backend(self.backend)
+        if not backend_class(self.backend).own_engine:
+            raise ValueError(f"backend={self.backend!r} is invalid: the suite times this package's engine (its forwards, "
+                             "phases and steps): allowed is a backend whose own_engine is true, e.g. transformers")  # fmt: skip
         for config in self.configs():
             self.spec(config, 0.0)
         if self.token_counts is not None:
@@ -128,22 +156,31 @@ class PerfSettings:
         check_vllm_peers(self.peers)
 
     def spec(self, config: DraftConfig | None, temperature: float) -> MethodSpec:
-        """Our method for ``config`` (None: the AR baseline) at ``temperature``: the model drafter in that
-        configuration, verified by the strict rule (``Method.verifier``), checked."""
+        """Our method for ``config`` (None: the AR baseline) at ``temperature``: the drafter in that configuration,
+        verified by the strict rule (``Method.verifier``), checked."""
         sampling = SamplingParams(temperature)
         if config is None:
             return MethodSpec(sampling=sampling)
-        drafter = {"draft_vocab": config.vocab, "token_counts": self.token_counts if config.vocab else None,
-                   "weights": config.weights, "guesses": config.guesses, "context_vocab": config.context_vocab}  # fmt: skip
         length = DraftLengthSettings(config.length, self.gamma, self.max_gamma, self.min_confidence, self.draft_cost)
         verifier = Method(OURS, temperature, config).verifier
-        return MethodSpec.create("model", verifier, drafter_settings=drafter, length=length, sampling=sampling)
+        return MethodSpec(self.drafter, config.settings, length, verifier, sampling=sampling)
 
     def configs(self) -> list[DraftConfig]:
-        """``configurations`` if given, else each draft length with each draft vocabulary."""
-        if self.configurations:
-            return list(self.configurations)
-        return [DraftConfig(length, vocab) for length, vocab in itertools.product(self.draft_lengths, self.draft_vocabs)]
+        """``configurations`` if given, else each draft length with each draft vocabulary; each with a draft
+        vocabulary ranked by ``token_counts`` where that is given."""
+        configs = list(self.configurations) or [DraftConfig.of(self.drafter, length, draft_vocab=vocab)
+                                                for length, vocab in itertools.product(self.draft_lengths, self.draft_vocabs)]
+        if self.token_counts is None:
+            return configs
+        return [replace(config, settings=replace(config.settings, token_counts=self.token_counts))
+                if config.settings.draft_vocab else config for config in configs]  # fmt: skip
+
+    def backend_config(self) -> Any:
+        """The app's run config our backend is built from: the target and draft model in the suite's dtype and kernels
+        (the rest of ``model`` at the app's defaults), with the first configuration's method."""
+        model = ModelConfig(name=self.target, target=self.target, draft_model=self.draft_model, dtype=self.dtype,
+                            kernels=self.kernels)  # fmt: skip
+        return backend_config(self.spec(self.configs()[0], self.temperatures[0]), model, self.backend)
 
 
 @dataclass(frozen=True)
@@ -183,7 +220,7 @@ def methods_for(settings: PerfSettings) -> list[Method]:
     """At each temperature: our AR baseline, ``generate`` (greedy), assisted generation with the assistant as
     loaded and with it quantized as each of our configurations quantizes its drafter, vLLM's AR and its
     speculative decoding (greedy), and our configurations (of the peers' methods, those ``settings.peers`` names)."""
-    like = [config.weights for config in settings.configs()] if "assisted-like" in settings.peers else []
+    like = [config.settings.weights for config in settings.configs()] if "assisted-like" in settings.peers else []
     weights = list(dict.fromkeys(([None] if "assisted" in settings.peers else []) + like))
     methods = []
     for temperature in settings.temperatures:
@@ -224,10 +261,13 @@ class Suite:
         # before our models load, so model.kernels=auto packs ours only where the packed copies still fit
         self.vllm = VllmEngines(vllm, str(resolve_model(settings.target).path), str(resolve_model(settings.draft_model).path),
                                 settings.dtype, settings.gamma) if vllm else None  # fmt: skip
+        self.backend: Any = None
         try:
-            self.target = load_model(settings.target, dtype=settings.dtype, kernels=settings.kernels)
-            self.draft = load_model(settings.draft_model, dtype=settings.dtype, kernels=settings.kernels)
-            check_tokenizers_compatible(self.target.tokenizer, self.draft.tokenizer)
+            # Ours: the backend a cell builds from the same run config, with the models it loads (a draft model equal to
+            # the target is the target's object, as in a cell), their tokenizers checked alike.
+            self.backend = make_backend(settings.backend_config())
+            models = self.backend.models()
+            self.target, self.draft = models["target"], models["drafter"]
             # transformers' side runs on its own load, as its users load models (see peer.load_peer).
             transformers = any(method.side == PEER for method in self.methods)
             self.peer_target = load_peer(self.target.resolved.path, settings.dtype) if transformers else None
@@ -236,12 +276,14 @@ class Suite:
             # with, quantized by the same function from the same checkpoint (the plain load stays as loaded).
             self.assistants = {method.assistant_weights: quantized_draft_model(self.peer_draft, method.assistant_weights)
                                for method in self.methods if method.side == PEER and method.assisted}  # fmt: skip
-            self.stops = stop_token_ids(self.target)
-            prompts = task_prompts(self.target.tokenizer, settings)
+            self.stops = list(self.backend.stop_token_ids)
+            prompts = task_prompts(self.backend.tokenizer, settings)
             self.prompts = [prompt for _, prompt in prompts]
             self.prompt_tasks = [task for task, _ in prompts]
-            self.drafters = {config: self.build_drafter(config) for config in settings.configs()}
-            pad = self.target.tokenizer.pad_token_id
+            self.prepared: dict[Method, PreparedMethod] = {
+                method: self.backend.prepare(method.name, settings.spec(method.config, method.temperature))
+                for method in self.methods if method.side == OURS}  # fmt: skip
+            pad = self.backend.tokenizer.pad_token_id
             self.pad_id = pad if pad is not None else self.stops[0]
         except BaseException:
             self.close()  # the engines started above
@@ -249,25 +291,31 @@ class Suite:
         self.meter = ContentionMeter()  # what other processes used while each decode was timed
 
     def close(self) -> None:
-        """Stop vLLM's engines, if any (each a process holding a model and its KV cache)."""
+        """Stop vLLM's engines, if any (each a process holding a model and its KV cache), and let our backend go."""
         if self.vllm is not None:
             self.vllm.close()
+        if self.backend is not None:
+            self.backend.close()
 
-    def build_drafter(self, config: DraftConfig) -> Any:
-        spec = self.settings.spec(config, 0.0)  # a drafter does not depend on the temperature
-        return spec.build_drafter(self.target.model, self.draft.model, tokenizer=self.target.tokenizer)
+    def drafter_module(self, config: DraftConfig) -> Any:
+        """The draft model as ``config``'s drafter runs it (its cut head, its quantized weights), from the backend."""
+        method = next(method for method in self.prepared if method.config == config)
+        return self.backend.forward_modules(self.prepared[method])["drafter"]
 
     def run(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
         run = {OURS: self.ours, PEER: self.peer, VLLM: self.vllm_peer}[method.side]
         return run(method, prompt, seed, budget)
 
     def ours(self, method: Method, prompt: list[int], seed: int, budget: int) -> dict[str, Any]:
-        spec, drafter = self.settings.spec(method.config, method.temperature), self.drafters.get(method.config)
-        drafter_model = drafter.model if drafter is not None else self.draft.model
-        result, timing = self.timed((self.target.model, drafter_model), lambda: decode(
-            self.target.model, drafter, spec.build_verifier(), prompt, max_new_tokens=budget, stop_token_ids=self.stops,
-            seed=seed, **spec.decode_kwargs(),
-        ))  # fmt: skip
+        """One request of ``method`` through the backend, as a cell hands it one (a batch of one, its seed). A drafter
+        whose model is the target's own object (a draft model equal to the target) has its forwards counted with the
+        target's: a hook cannot tell the two apart."""
+        prepared = self.prepared[method]
+        modules = self.backend.forward_modules(prepared)
+        target, drafter = modules["target"], modules.get("drafter")
+        models = (target,) if drafter is None or drafter is target else (target, drafter)
+        requests = Requests([prompt], [seed], budget, tuple(self.stops))
+        (result,), timing = self.timed(models, lambda: self.backend.generate(prepared, requests))
         return {"tokens": result.tokens, **timing, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
                 "steps": result.verify_steps, "emitted": emitted_tokens(result.new_tokens), "drafted": result.drafted,
                 "step_drafts": [step.drafted for step in result.steps], "step_accepted": [step.accepted for step in result.steps],
@@ -384,7 +432,8 @@ def comparisons(methods: list[Method], raw: Raw, packed: bool = False, gamma: in
         t = method.temperature
         vllm_ar, vllm_spec = by_key.get((VLLM, t, False, None, None)), by_key.get((VLLM, t, True, None, None))
         if method.side == OURS and method.config is not None:
-            same_weights = by_key.get((PEER, t, True, None, method.config.weights))  # the same draft weights on both sides
+            # the same draft weights on both sides
+            same_weights = by_key.get((PEER, t, True, None, method.config.settings.weights))
             pairs += [(method, by_key[(OURS, t, False, None, None)]), (method, same_weights), (method, vllm_spec)]
         elif t == 0 and (method.side, method.assisted) in ((OURS, False), (PEER, True)):
             pairs.append((method, by_key.get((PEER, t, False, None, None))))  # plain generate, if timed
@@ -422,9 +471,8 @@ def _differences(mine: Method, other: Method, gamma: int | None = None) -> str:
     if mine.side == OURS and mine.config is not None:
         parts = [f"the decoder: ours (draft length {mine.config.length}) against assisted generation (its own draft "
                  "length heuristic)"]  # fmt: skip
-        if mine.config.vocab:
-            scored = f"{mine.config.vocab:,} tokens" + (" and the context's" if mine.config.context_vocab else "")
-            parts.append(f"our drafter scores {scored}, the assistant its full vocabulary (no counterpart)")
+        if mine.config.settings.draft_vocab:
+            parts.append(f"our drafter scores {scored_tokens(mine.config)}, the assistant its full vocabulary (no counterpart)")
         return "; ".join(parts)
     if mine.side == OURS:
         return "the autoregressive decoder: ours against transformers' generate"
@@ -440,14 +488,19 @@ def _vllm_differences(mine: Method, other: Method, gamma: int | None) -> str:
         return f"the engine: ours against {engine}, both autoregressive"
     parts = [f"the engine: ours against {engine}",
              f"the decoder: ours (draft length {mine.config.length}) against vLLM's ({gamma} drafts every step)"]  # fmt: skip
-    if mine.config.weights:
-        parts.append(f"the draft weights: ours {mine.config.weights}, vLLM's as loaded (no counterpart)")
-    if mine.config.vocab:
-        scored = f"{mine.config.vocab:,} tokens" + (" and the context's" if mine.config.context_vocab else "")
-        parts.append(f"our drafter scores {scored}, vLLM's its full vocabulary (no counterpart)")
-    if mine.config.guesses:
-        parts.append(f"our drafter adds {mine.config.guesses} lookup guesses a forward (no counterpart)")
+    settings = mine.config.settings
+    if settings.weights:
+        parts.append(f"the draft weights: ours {settings.weights}, vLLM's as loaded (no counterpart)")
+    if settings.draft_vocab:
+        parts.append(f"our drafter scores {scored_tokens(mine.config)}, vLLM's its full vocabulary (no counterpart)")
+    if settings.guesses:
+        parts.append(f"our drafter adds {settings.guesses} lookup guesses a forward (no counterpart)")
     return "; ".join(parts)
+
+
+def scored_tokens(config: DraftConfig) -> str:
+    """What ``config``'s reduced draft vocabulary scores: its K tokens (and the context's)."""
+    return f"{config.settings.draft_vocab:,} tokens" + (" and the context's" if config.settings.context_vocab else "")
 
 
 def forward_costs(suite: Suite) -> dict[str, Any]:
@@ -457,7 +510,7 @@ def forward_costs(suite: Suite) -> dict[str, Any]:
     s = suite.settings
     context = int(statistics.median(len(p) for p in suite.prompts)) + s.max_new_tokens // 2
     longest = max(s.max_gamma if config.length == "schedule" else s.gamma for config in s.configs())
-    drafters = {config.drafter_key: drafter.model for config, drafter in suite.drafters.items()}
+    drafters = {config.drafter_key: suite.drafter_module(config) for config in s.configs()}
     return {
         "context_tokens": context,
         "target": {width: forward_seconds(suite.target.model, context, width) for width in range(1, longest + 2)},
@@ -543,6 +596,7 @@ def run_suite(settings: PerfSettings, after_repeat: Callable[[dict[str, Any]], N
 def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any], raw: Raw, repeats_done: int) -> dict[str, Any]:
     results = {method.name: summarise_method(method, raw[method.name]) for method in suite.methods}
     return {
+        "version": REPORT_VERSION,
         "settings": asdict(suite.settings),
         "environment": environment,
         "repeats_done": repeats_done,
