@@ -25,15 +25,16 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
+from mars_bench.backend_config import backend_config
+from mars_bench.backends import PreparedMethod, Requests, check_backend_config, make_backend
+from mars_bench.config import ModelConfig
 from mars_bench.decoding import DecodeResult
-from mars_bench.decoding.batched import decode_batch
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.decoding.tally import DecodeTally
 from mars_bench.drafting import drafter_needs_model, drafter_settings
 from mars_bench.drafting.batched import check_batch_drafter
 from mars_bench.method import MethodSpec
-from mars_bench.models.loading import check_tokenizers_compatible, load_model, stop_token_ids
 from mars_bench.verification import verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
@@ -52,7 +53,9 @@ class MarsBenchLM(LM):
     sampling unless a task's ``gen_kwargs`` set it; any further ``model_args`` are the named
     drafter's and verifier's own settings, by the names their settings classes declare
     (``drafter_settings(drafter)``, ``verifier_settings(verifier)``: e.g. layers, draft_vocab, weights),
-    so a verifier registered later takes its own without an edit here.
+    so a verifier registered later takes its own without an edit here; backend: the registered backend that
+    loads the models and decodes (``mars_bench/backends``, as ``backend=`` in the app; default transformers, this
+    package's engine), built from the app's run config of the method (``backend_config``).
 
     lm-eval's ``--batch_size B`` decodes up to B consecutive requests of the same ``gen_kwargs`` together
     in the one engine (a user drafter is refused there); 1 decodes each alone, as a batch of one."""
@@ -67,37 +70,45 @@ class MarsBenchLM(LM):
         max_new_tokens: int = 256,
         seed: int = 0,
         batch_size: int | str = 1,
+        backend: str = "transformers",
         **settings: Any,
     ) -> None:
         super().__init__()
         self.spec = lm_eval_spec(drafter, verifier, settings)  # every value checked before any model loads
         self.batch_size = check_batch_size(batch_size, self.spec.drafter)
-        self.target = load_model(target, dtype=dtype)
-        self.drafter = self._drafter(draft_model, dtype)
-        self.verifier = self.spec.build_verifier()
+        if drafter_needs_model(self.spec.drafter) and not draft_model:
+            raise ValueError(f"drafter={self.spec.drafter} needs draft_model=<Hub id or folder>")
         self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
-        self.stops = stop_token_ids(self.target)
+        model = ModelConfig(name=target, target=target, draft_model=draft_model, dtype=dtype)
+        cfg = backend_config(self.spec, model, backend, seed=self.seed, batch_size=self.batch_size)
+        check_backend_config(cfg, self.spec)
+        self.backend = make_backend(cfg)
+        self.stops = self.backend.stop_token_ids
+        loaded = self.backend.models().get("target")
+        self.target_name = str(loaded.resolved.name) if loaded is not None else target
+        self.methods: dict[SamplingParams, PreparedMethod] = {}
+        self.method(self.spec)  # the drafter and verifier built now: what cannot be built fails before any request
 
-    def _drafter(self, draft_model: str | None, dtype: str) -> Any:
-        small = None
-        if drafter_needs_model(self.spec.drafter):
-            if not draft_model:
-                raise ValueError(f"drafter={self.spec.drafter} needs draft_model=<Hub id or folder>")
-            small = load_model(draft_model, dtype=dtype)
-            check_tokenizers_compatible(self.target.tokenizer, small.tokenizer)
-        return self.spec.build_drafter(self.target.model, small.model if small else None, tokenizer=self.target.tokenizer)
+    def method(self, spec: MethodSpec) -> PreparedMethod:
+        """``spec`` (this model's method at one request's sampling) prepared on the backend, once per sampling."""
+        if spec.sampling not in self.methods:
+            self.methods[spec.sampling] = self.backend.prepare(str(spec.verifier), spec)
+        return self.methods[spec.sampling]
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (the backend's)."""
+        return self.backend.tokenizer
 
     @property
     def tokenizer_name(self) -> str:
-        return str(self.target.resolved.name).replace("/", "__")
+        return self.target_name.replace("/", "__")
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.target.tokenizer.apply_chat_template(
-            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
-        return self.target.tokenizer.chat_template if chat_template else None
+        return self.tokenizer.chat_template if chat_template else None
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Every request in order, with a progress bar in requests showing tok/s and tau so far; at the
@@ -128,27 +139,25 @@ class MarsBenchLM(LM):
 
     def decode_requests(self, contexts: list[str], gen_kwargs: dict[str, Any]) -> list[tuple[str, DecodeResult]]:
         """Requests of the same ``gen_kwargs``, as ``decode_request`` serves one: alone (one context),
-        or together in the batched engine, each row with the seed it has alone."""
+        or together in one call of the backend, each row with the seed it has alone."""
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_new_tokens)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=self.eos_text)
         ignored = sorted(set(kwargs) - GEN_KWARGS_USED)
         if ignored:
             LOG.warning("mars_bench ignores the gen_kwargs %s", ", ".join(ignored))
-        spec = self.spec.with_sampling(request_sampling(gen_kwargs, self.spec.sampling))
-        prompts = [self.target.tokenizer(context, add_special_tokens=False)["input_ids"] for context in contexts]
-        # a fresh draft-length policy per call, copied per row by the batched engine: schedule adapts per sequence
-        common = {"max_new_tokens": int(kwargs["max_gen_toks"]), "stop_token_ids": self.stops, **spec.decode_kwargs()}
-        stop = StopStrings(self.target.tokenizer, tuple(until))
-        results = decode_batch(self.target.model, self.drafter, self.verifier, prompts, seeds=[self.seed] * len(prompts),
-                               stop_when=stop, **common)  # fmt: skip
-        texts = [self.target.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
+        method = self.method(self.spec.with_sampling(request_sampling(gen_kwargs, self.spec.sampling)))
+        prompts = [self.tokenizer(context, add_special_tokens=False)["input_ids"] for context in contexts]
+        stop = StopStrings(self.tokenizer, tuple(until))
+        requests = Requests(prompts, [self.seed] * len(prompts), int(kwargs["max_gen_toks"]), self.stops, stop)
+        results = self.backend.generate(method, requests)
+        texts = [self.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
         return [(postprocess_generated_text(text, until, None), result) for text, result in zip(texts, results)]
 
     @property
     def eos_text(self) -> str | None:
         """The end-of-text token's text, which lm-eval's HF model adds to every request's stop strings."""
-        eos = self.target.tokenizer.eos_token_id
-        return None if eos is None else self.target.tokenizer.decode([eos], skip_special_tokens=False)
+        eos = self.tokenizer.eos_token_id
+        return None if eos is None else self.tokenizer.decode([eos], skip_special_tokens=False)
 
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")

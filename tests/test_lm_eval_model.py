@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mars_bench import lm_eval_model
-from mars_bench.decoding import decode
+from mars_bench.backends import Requests, hf
 from mars_bench.drafting.stop import ConfidenceStop, GainStop
 from mars_bench.lm_eval_model import MarsBenchLM, request_sampling
 from mars_bench.tasks.questions import Question
@@ -43,16 +42,18 @@ def test_a_tree_drafts_no_deeper_than_its_node_budget_under_a_schedule():
 
 @pytest.fixture(scope="module")
 def session_smollm(smollm):
-    """Every MarsBenchLM here gets the session's SmolLM2 in fp32 (``conftest.smollm``) from its loader, one
+    """Every MarsBenchLM here gets the session's SmolLM2 in fp32 (``conftest.smollm``) from its backend's loader, one
     load for the module (the docs' lm-eval command, in test_readme, loads it through the loader itself)."""
 
-    def load(name: str, dtype: str = "bfloat16"):
+    def load(name: str, dtype: str = "bfloat16", **options):
         assert (name, dtype) == (SMOLLM, "float32"), (name, dtype)
         return smollm
 
+    hf.forget_loaded_models()  # the backend's loads are cached per process: the next ones load through ``load``
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lm_eval_model, "load_model", load)
+        patch.setattr(hf, "load_model", load)
         yield
+    hf.forget_loaded_models()
 
 
 @pytest.mark.slow
@@ -62,7 +63,7 @@ def test_each_draft_length_keeps_the_targets_greedy_decode(session_smollm):
     expected = plain.generate(context, GREEDY)
     for length, stop in (("confidence", ConfidenceStop(0.4)), ("gain", GainStop(0.15)), ("schedule", None), ("fixed", None)):
         lm = MarsBenchLM(target=SMOLLM, drafter="layerskip", verifier="exact", dtype="float32", layers=24, length=length)
-        assert lm.drafter.stop_rule == stop
+        assert lm.spec.draft_stop() == stop  # what the backend builds the drafter with
         assert (lm.spec.length.length, lm.spec.length.gamma, lm.spec.max_draft_depth) == (length, 5, 16)
         assert lm.generate(context, GREEDY) == expected, length
 
@@ -86,17 +87,17 @@ def layerskip_lm(session_smollm):
 
 
 @pytest.fixture()
-def decodes(monkeypatch):
-    """Every request the lm-eval model decodes: (the engine call's keyword arguments, the request's result)."""
+def decodes(layerskip_lm, monkeypatch):
+    """Every request the lm-eval model decodes: (the method its backend ran, the request's result)."""
     calls = []
-    batched = lm_eval_model.decode_batch
+    generate = layerskip_lm.backend.generate
 
-    def recorded(*args, **kwargs):
-        results = batched(*args, **kwargs)
-        calls.extend((kwargs, result) for result in results)
+    def recorded(method, requests):
+        results = generate(method, requests)
+        calls.extend((method, result) for result in results)
         return results
 
-    monkeypatch.setattr(lm_eval_model, "decode_batch", recorded)
+    monkeypatch.setattr(layerskip_lm.backend, "generate", recorded)
     return calls
 
 
@@ -104,20 +105,19 @@ def decodes(monkeypatch):
 def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(layerskip_lm, decodes):
     lm = layerskip_lm
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
-    prompt = lm.target.tokenizer(context, add_special_tokens=False)["input_ids"]
-    full = decode(lm.target.model, lm.drafter, lm.verifier, prompt, max_new_tokens=STORY_TOKENS, stop_token_ids=lm.stops,
-                  **lm.spec.decode_kwargs())  # fmt: skip
-    text = lm.target.tokenizer.decode(full.tokens, skip_special_tokens=True)
+    prompt = lm.tokenizer(context, add_special_tokens=False)["input_ids"]
+    full, = lm.backend.generate(lm.method(lm.spec), Requests([prompt], [lm.seed], STORY_TOKENS, lm.stops))
+    text = lm.tokenizer.decode(full.tokens, skip_special_tokens=True)
     middle = len(text) // 2
     stop = next(text[at : at + 6] for at in range(middle, len(text) - 6) if text[at : at + 6] not in text[: at + 5])
     todays = text[: text.find(stop)]  # what the model answered before: the whole budget decoded, then cut
     assert len(todays) >= middle  # the stop string first appears halfway through
 
     answer = lm.generate(context, {"until": [stop], "max_gen_toks": STORY_TOKENS})
-    (kwargs, result), = decodes
+    _, (_, result) = decodes  # the whole budget above, then the request
     assert answer == todays
     assert result.stop_reason == "stop_string" and result.tokens == full.tokens[: len(result.tokens)]
-    decoded = [lm.target.tokenizer.decode(full.tokens[:n], skip_special_tokens=True) for n in range(len(full.tokens) + 1)]
+    decoded = [lm.tokenizer.decode(full.tokens[:n], skip_special_tokens=True) for n in range(len(full.tokens) + 1)]
     first = next(n for n, part in enumerate(decoded) if stop in part)  # the stop string is complete after `first` tokens
     assert first <= len(result.tokens) <= first + lm.spec.length.gamma + 1  # at most one step's drafts past it
     assert len(result.tokens) < len(full.tokens)
@@ -129,7 +129,7 @@ def test_a_task_asking_for_sampling_is_sampled(layerskip_lm, decodes):
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
     greedy = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS})
     sampled = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS, "do_sample": True, "temperature": 1.0})
-    assert [call["temperature"] for call, _ in decodes] == [0.0, 1.0]
+    assert [method.spec.sampling.temperature for method, _ in decodes] == [0.0, 1.0]
     assert sampled != greedy
 
 
@@ -182,12 +182,12 @@ def test_lm_evals_batch_size_decodes_requests_together_with_todays_answers(layer
 
     calls = []
 
-    def recorded(*args, **kwargs):
-        calls.append(len(args[3]))
-        return batched(*args, **kwargs)
+    def recorded(method, requests):
+        calls.append(len(requests.prompts))
+        return generate(method, requests)
 
-    batched = lm_eval_model.decode_batch
-    monkeypatch.setattr(lm_eval_model, "decode_batch", recorded)
+    generate = layerskip_lm.backend.generate
+    monkeypatch.setattr(layerskip_lm.backend, "generate", recorded)
     topics = ["the sea", "a robot", "the moon"]
     asked = [[{"role": "user", "content": f"Write a poem about {topic}."}] for topic in topics]
     contexts = [layerskip_lm.apply_chat_template(messages) for messages in asked]
