@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from mars_bench.bench.run_folder import register_resolvers
 from mars_bench.common.paths import CONF_DIR as CONF_PATH
-from mars_bench.config import register_configs
+from mars_bench.config.schema import register_configs
 
 CONF_DIR = str(CONF_PATH)
 register_configs()
@@ -46,7 +46,7 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
     from mars_bench.bench.records import RecordWriter
     from mars_bench.bench.run_folder import CONFIG_FILE, check_writable, recorded_cell, refuse, resuming_line
     from mars_bench.bench.summary import write_summary
-    from mars_bench.config import run_line
+    from mars_bench.config.run_line import run_line
 
     print(run_line(cfg), flush=True)  # stdout, before the progress bar and the summary
     name = recorded_cell(folder) or name
@@ -86,7 +86,7 @@ def start() -> None:
     over targets, or a launcher whose extra is not installed, in one line before Hydra composes the config."""
     from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line
     from mars_bench.common.extras import check_launcher
-    from mars_bench.config import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
+    from mars_bench.config.overrides import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
 
     try:
         check_group_choices(sys.argv[1:])

@@ -26,7 +26,7 @@ from mars_bench.analysis.runs import pooled_settings
 from mars_bench.bench.cell import cell_keys, failure_record
 from mars_bench.bench.records import Record, RecordWriter, read_rows
 from mars_bench.bench.summary import write_summary
-from mars_bench.config import check_run_config
+from mars_bench.config.checks import check_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_OVERRIDES = [item for item in SMOKE if not item.startswith("max_new_tokens=")]

@@ -22,7 +22,8 @@ from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.cell import run_cell
 from mars_bench.bench.manifest import source_hash
 from mars_bench.bench.records import Record, read_rows
-from mars_bench.config import check_run_config, method_spec
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import method_spec
 from mars_bench.tasks import QuestionFileError
 
 GROUPS = {
@@ -92,7 +93,7 @@ def test_the_paper_experiments_run_the_drafter_as_loaded_with_gamma_fixed(experi
 
 
 def test_each_drafter_tuning_names_a_model_a_drafter_and_a_tuning_option_and_sets_only_that_drafters_keys():
-    from mars_bench.config import DrafterCommon
+    from mars_bench.config.schema import DrafterCommon
     from mars_bench.drafting import drafter_settings
 
     tunings = sorted((Path(CONF_DIR) / "drafter_tuning").glob("*.yaml"))
@@ -121,7 +122,7 @@ def test_the_same_command_runs_the_same_method_on_every_machine():
 
 
 def test_the_first_line_names_the_method_and_its_tuning():
-    from mars_bench.config import run_line
+    from mars_bench.config.run_line import run_line
 
     assert run_line(run_config()) == (
         "mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=confidence,gamma=20,draft_vocab=32768,"
@@ -143,7 +144,7 @@ def test_a_setting_that_rides_on_one_sequence_is_refused_at_batch_size_above_1_n
         check_run_config(run_config("batch_size=2", "drafter.guesses=0"))
     cfg = run_config("batch_size=4", "drafter.guesses=0", "drafter.context_vocab=false")
     check_run_config(cfg)
-    from mars_bench.config import method_spec
+    from mars_bench.config.method import method_spec
 
     assert method_spec(cfg).drafter_settings.guesses == 0  # what runs is what the command says
     batching = run_config("experiment=batching", "batch_size=4")  # the recipe says it, at every batch size
@@ -171,7 +172,7 @@ def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path, tiny_targe
 
 
 def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
-    from mars_bench.config import check_override_keys
+    from mars_bench.config.overrides import check_override_keys
 
     with pytest.raises(ValueError, match=r"drafter.topk is not a drafter setting: allowed are .*model_tree: .*top_k tree_tokens"):
         check_override_keys(["drafter=model_tree", "drafter.topk=3"])
@@ -182,7 +183,7 @@ def test_a_misspelt_plugin_key_is_refused_with_the_allowed_keys():
 
 
 def test_a_plugin_takes_only_its_own_keys():
-    from mars_bench.config import check_override_keys
+    from mars_bench.config.overrides import check_override_keys
 
     with pytest.raises(ValueError, match=r"^verifier.theta is not a setting of verifier=exact: verifier=exact takes no settings"):
         check_override_keys(["verifier=exact", "verifier.theta=0.5"])

@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mars_bench.__main__ import CONF_DIR
-from mars_bench.config import check_run_config, run_line
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.run_line import run_line
 
 NO_VLLM = r"^backend=vllm needs vLLM, which "  # the last check: every other one passed
 NOT_APPLIED = ("; tuning=cpu (not applied to backend=vllm: drafter tunings are measured in this package's engine; "

@@ -21,7 +21,7 @@ from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.baseline_cache import cache_entries
 from mars_bench.bench.cell import CELL_CLAIM
 from mars_bench.bench.records import read_rows
-from mars_bench.config import check_slurm_sweep
+from mars_bench.config.overrides import check_slurm_sweep
 
 MODELS = sorted(path.stem for path in (Path(CONF_DIR) / "model").glob("*.yaml"))
 # Two cells of one task, so that both jobs, running at once, want the same two baselines. One torch thread

@@ -92,7 +92,7 @@ def test_kernels_settings_are_checked_in_one_line():
 def test_a_run_with_unknown_kernels_is_refused_before_loading(tmp_path):
     from conftest import run_config
 
-    from mars_bench.config import check_run_config
+    from mars_bench.config.checks import check_run_config
 
     with pytest.raises(ValueError, match=r"^model.kernels='fast' is unknown"):
         check_run_config(run_config("model.kernels=fast", f"output_dir={tmp_path}"))

@@ -65,7 +65,8 @@ def test_a_bad_guesses_value_is_refused_in_one_line(value):
 def test_a_run_at_batch_size_4_says_it_drafts_without_guesses_and_its_label_says_so():
     from conftest import run_config
 
-    from mars_bench.config import check_run_config, method_spec
+    from mars_bench.config.checks import check_run_config
+    from mars_bench.config.method import method_spec
 
     single = run_config()  # the embedded pair's tuning sets guesses=3 and context_vocab
     assert single.drafter.guesses == 3 and single.drafter.context_vocab

@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 
 from mars_bench import build_drafter, decode, get_verifier
 from mars_bench.common.settings import plugin_label
-from mars_bench.config import check_override_keys, shadow_verifiers
+from mars_bench.config.method import shadow_verifiers
+from mars_bench.config.overrides import check_override_keys
 from mars_bench.decoding.batched import decode_batch
 from mars_bench.method import MethodSpec
 from mars_bench.verification import Reason, VerifyInput, batch_steps, verifier_settings

@@ -60,7 +60,7 @@ def test_the_task_example_names_only_task_keys():
 
     import yaml
 
-    from mars_bench.config import TaskConfig
+    from mars_bench.config.schema import TaskConfig
 
     (block,) = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), flags=re.S)
     keys = set(yaml.safe_load(block))

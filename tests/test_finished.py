@@ -95,7 +95,7 @@ def test_older_records_say_whether_they_finished_through_their_stop_reason():
 def test_the_accuracy_mode_refuses_a_lossy_verifier_in_one_line_unless_asked(tmp_path):
     from conftest import app, run_config
 
-    from mars_bench.config import check_run_config
+    from mars_bench.config.checks import check_run_config
 
     result = app("experiment=accuracy", "verifier=mars", f"output_dir={tmp_path / 'run'}")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -15,7 +15,8 @@ import torch
 from conftest import run_config
 
 from mars_bench.common.settings import parse_label, plugin_label
-from mars_bench.config import check_run_config, shadow_verifiers, verifier_params
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import shadow_verifiers, verifier_params
 from mars_bench.verification import MarsParams, Reason, VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.emission import fidelity
 from mars_bench.verification.mars import margin_trigger

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_config
 
-from mars_bench.config import check_run_config
+from mars_bench.config.checks import check_run_config
 from mars_bench.models.loading import chat_prompt_ids
 from mars_bench.tasks.prompting import cut_at_stop_string, task_stop_strings, user_text
 from mars_bench.tasks.providers import HUMANEVAL_PREFIX, humaneval_from_package

@@ -52,14 +52,10 @@ from mars_bench.bench.records import read_rows
 from mars_bench.bench.run_folder import register_resolvers
 from mars_bench.common.paths import CONF_DIR
 from mars_bench.common.settings import parse_setting, plugin_label
-from mars_bench.config import (
-    check_override_keys,
-    check_run_config,
-    check_slurm_sweep,
-    register_configs,
-    shadow_verifiers,
-    verifier_params,
-)
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import shadow_verifiers, verifier_params
+from mars_bench.config.overrides import check_override_keys, check_slurm_sweep
+from mars_bench.config.schema import register_configs
 from mars_bench.drafting.stop import GainStop
 from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.report import header as perf_header

@@ -21,7 +21,7 @@ from conftest import SHARED_DATA, app, fake_python, needs_vllm, python_m, run_co
 from scipy.stats import chi2_contingency
 
 from mars_bench.backends.vllm import decode_result
-from mars_bench.config import check_run_config
+from mars_bench.config.checks import check_run_config
 from mars_bench.decoding.fidelity import PositionCosts, sequence_costs, step_costs
 from mars_bench.serving import vllm_plugin
 from mars_bench.serving.install import vllm_python

@@ -22,7 +22,8 @@ from mars_bench.backends import vllm as vllm_backend
 from mars_bench.backends import vllm_placement
 from mars_bench.backends.vllm_memory import GIB
 from mars_bench.backends.vllm_placement import RESERVE, GpuFigures, ModelFigures, head_figures, model_figures, plan_gpus
-from mars_bench.config import check_run_config, method_spec
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import method_spec
 from mars_bench.method import MethodSpec
 from mars_bench.models import placement
 from mars_bench.serving.vllm_versions import hooks_of

@@ -11,7 +11,8 @@ import torch
 from conftest import run_config, tiny_model
 
 from mars_bench.common.settings import parse_label, plugin_label
-from mars_bench.config import check_run_config, shadow_verifiers
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import shadow_verifiers
 from mars_bench.decoding.engine import decode
 from mars_bench.decoding.fidelity import expected_accepted
 from mars_bench.drafting import build_drafter

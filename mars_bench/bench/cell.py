@@ -33,7 +33,9 @@ from mars_bench.bench.run_folder import CELL_CLAIM, write_config
 from mars_bench.bench.schedule import Conversation, run_schedule
 from mars_bench.bench.timing import DecodeTimer
 from mars_bench.bench.writing import PairedWriter
-from mars_bench.config import check_run_config, method_spec, shadow_verifiers, take_back_tuning
+from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import method_spec, shadow_verifiers
+from mars_bench.config.tuning import take_back_tuning
 from mars_bench.decoding import DecodeResult
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.method import MethodSpec

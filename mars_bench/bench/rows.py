@@ -10,7 +10,8 @@ from mars_bench.backends.base import PreparedMethod
 from mars_bench.bench.baseline_cache import baseline_conditions
 from mars_bench.bench.records import BUDGET, SCHEMA_VERSION, Record, finite_or_none
 from mars_bench.common.settings import plugin_label, setting_string
-from mars_bench.config import method_spec, own_engine
+from mars_bench.config.method import method_spec
+from mars_bench.config.tuning import own_engine
 from mars_bench.decoding.trace import DecodeResult
 from mars_bench.drafting import drafter_needs_model
 from mars_bench.method import MethodSpec

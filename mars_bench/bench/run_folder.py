@@ -150,7 +150,7 @@ class CheckBeforeRun(Callback):
     are checked as each runs: a refused cell is a failure row of the sweep, counted at its end.)"""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        from mars_bench.config import check_run_config
+        from mars_bench.config.checks import check_run_config
 
         try:
             check_run_config(config)

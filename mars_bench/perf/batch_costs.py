@@ -87,7 +87,7 @@ def run_config(run: Path) -> tuple[Path, Any]:
 def measure(run: Path, batch_sizes: tuple[int, ...], widths: tuple[int, ...], context: int, repeats: int) -> dict[str, Any]:
     """The target's and the drafter's forward costs for ``run``'s configuration."""
     from mars_bench.backends.hf import load_models
-    from mars_bench.config import method_spec
+    from mars_bench.config.method import method_spec
 
     path, cfg = run_config(run)
     if cfg.threads:

@@ -15,7 +15,7 @@ CONF_TASKS = CONF_DIR / "task"
 def task_option(name: str, **overrides: Any) -> Any:
     """The task option ``name`` over the task schema's defaults, with ``overrides`` (e.g. num_prompts);
     ValueError in one line for a name that is not an option."""
-    from mars_bench.config import TaskConfig
+    from mars_bench.config.schema import TaskConfig
 
     option = CONF_TASKS / f"{name}.yaml"
     if not option.is_file():
