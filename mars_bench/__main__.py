@@ -46,9 +46,13 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
     from mars_bench.bench.records import RecordWriter
     from mars_bench.bench.run_folder import CONFIG_FILE, check_writable, recorded_cell, refuse, resuming_line
     from mars_bench.bench.summary import write_summary
+    from mars_bench.config.method import configured_spec
     from mars_bench.config.run_line import run_line
+    from mars_bench.config.tuning import take_back_tuning
 
-    print(run_line(cfg), flush=True)  # stdout, before the progress bar and the summary
+    take_back_tuning(cfg)  # the run as its backend takes it: its first line, the config it writes, its cell
+    spec = configured_spec(cfg)  # the cell's method, built once (None: the cell refuses the config, in its own line)
+    print(run_line(cfg, spec), flush=True)  # stdout, before the progress bar and the summary
     name = recorded_cell(folder) or name
     try:
         check_writable(folder)
@@ -60,9 +64,9 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
     if slow_bf16:
         print(f"mars_bench: warning: {slow_bf16}", file=sys.stderr)
     try:
-        rows = run_cell(cfg, folder, name=name)
+        rows = run_cell(cfg, folder, name=name, spec=spec)
     except Exception as error:  # the cell cannot run (a model that will not load, ...)
-        RecordWriter(folder).write(failure_record(cfg, name, error))
+        RecordWriter(folder).write(failure_record(cfg, name, spec, error))
         print(f"mars_bench: error: {error}", file=sys.stderr)
         if multirun:
             return  # the sweep goes on; SweepReport counts the failure at the end

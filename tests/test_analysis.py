@@ -384,12 +384,14 @@ def app_written_run(folder: Path, scores: dict[str, float], *overrides: str) -> 
 
     from mars_bench.bench.cell import cell_keys
     from mars_bench.bench.records import Record, RecordWriter
+    from mars_bench.config.method import method_spec
 
     cfg = run_config("experiment=smoke", *overrides)
+    keys = cell_keys(cfg, "c", method_spec(cfg))
     writer = RecordWriter(folder)
     for question in (0, 1):
         for method, seconds in (("baseline", 2.0), ("mars", 1.0)):
-            writer.write(Record(**cell_keys(cfg, "c"), question_id=question, category="", turn=1, method=method,
+            writer.write(Record(**keys, question_id=question, category="", turn=1, method=method,
                                 new_tokens=10, steps=9 if method == "baseline" else 3, decode_s=seconds,
                                 score=scores[method]))  # fmt: skip
 

@@ -27,6 +27,7 @@ from mars_bench.bench.cell import cell_keys, failure_record
 from mars_bench.bench.records import Record, RecordWriter, read_rows
 from mars_bench.bench.summary import write_summary
 from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import configured_spec, method_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_OVERRIDES = [item for item in SMOKE if not item.startswith("max_new_tokens=")]
@@ -36,7 +37,8 @@ NO_SPEEDUP = "no speedup: all 2 prompts were disturbed; rerun on an idle machine
 @cache
 def keys(*overrides: str) -> dict:
     """The keys every record of ``python -m mars_bench experiment=smoke OVERRIDES`` carries (bench.cell.cell_keys)."""
-    return cell_keys(run_config("experiment=smoke", *overrides), "c")
+    cfg = run_config("experiment=smoke", *overrides)
+    return cell_keys(cfg, "c", method_spec(cfg))
 
 
 def write_rows(folder: Path, questions, *overrides: str, disturbed: bool = False) -> None:
@@ -58,7 +60,7 @@ def refuse(folder: Path, *overrides: str) -> str:
     cfg = run_config(*SMOKE_OVERRIDES, *overrides)
     with pytest.raises(ValueError) as refused:
         check_run_config(cfg)
-    RecordWriter(folder).write(failure_record(cfg, ",".join(overrides), refused.value))
+    RecordWriter(folder).write(failure_record(cfg, ",".join(overrides), configured_spec(cfg), refused.value))
     return f"ValueError: {refused.value}"
 
 

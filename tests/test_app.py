@@ -124,13 +124,17 @@ def test_the_same_command_runs_the_same_method_on_every_machine():
 def test_the_first_line_names_the_method_and_its_tuning():
     from mars_bench.config.run_line import run_line
 
-    assert run_line(run_config()) == (
+    def first_line(*overrides: str) -> str:
+        cfg = run_config(*overrides)
+        return run_line(cfg, method_spec(cfg))
+
+    assert first_line() == (
         "mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=confidence,gamma=20,draft_vocab=32768,"
         "context_vocab=True,weights=int4,guesses=3) verifier=mars(theta=0.9,guard=never,correction=residual) "
         "task=humaneval temperature=1 batch_size=1; tuning=cpu (conf/drafter_tuning/qwen2.5-coder-1.5b_model_cpu.yaml)"
     )
-    assert run_line(run_config("tuning=none")).endswith("; tuning=none (the drafter's own defaults)")
-    assert run_line(run_config("drafter=lookup")).endswith(
+    assert first_line("tuning=none").endswith("; tuning=none (the drafter's own defaults)")
+    assert first_line("drafter=lookup").endswith(
         "; tuning=cpu (none measured for model=qwen2.5-coder-1.5b drafter=lookup: its own defaults)"
     )
 
@@ -278,6 +282,31 @@ def test_a_malformed_prompt_file_names_file_and_line(tmp_path):
     bad.write_text('{"question_id": 1, "turns": ["hi"]}\n{"question_id": 2, "turns": ["oops"\n')
     with pytest.raises(QuestionFileError, match=re.escape(f"{bad}:2: bad JSON")):
         run_cell(run_config(*SMOKE, f"task.file={bad}"), tmp_path / "out")  # the app prints it and exits 2, as for any cell error
+
+
+def test_the_app_builds_a_cells_method_once(tmp_path, monkeypatch, capsys):
+    """The run's first line, its cell and the cell's failure row share one method, built from the config once
+    (here the cell stops at its prompt file, after its check, and the app writes the failure row)."""
+    from mars_bench.__main__ import run
+    from mars_bench.common.settings import setting_string
+    from mars_bench.method import MethodSpec
+
+    built: list[MethodSpec] = []
+    create = MethodSpec.create.__func__
+
+    def counted(cls, *args, **kwargs):
+        built.append(create(cls, *args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(MethodSpec, "create", classmethod(counted))
+    bad = tmp_path / "questions.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["oops"\n')
+    with pytest.raises(SystemExit):
+        run(run_config(*SMOKE, f"task.file={bad}"), tmp_path / "out", "cell", multirun=False)
+    assert len(built) == 1  # before: the first line, the check, and the failure row each built their own
+    (row,) = read_rows(tmp_path / "out" / "records.jsonl")
+    assert row["status"] == "failed" and row["verifier_setting"] == setting_string(built[0].verifier_values) != ""
+    assert capsys.readouterr().out.startswith("mars_bench: model=smollm2-135m drafter=layerskip(")
 
 
 @pytest.fixture

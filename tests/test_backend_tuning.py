@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.__main__ import CONF_DIR
 from mars_bench.config.checks import check_run_config
+from mars_bench.config.method import method_spec
 from mars_bench.config.run_line import run_line
 
 NO_VLLM = r"^backend=vllm needs vLLM, which "  # the last check: every other one passed
@@ -34,13 +35,13 @@ def typed(*overrides: str):
 def test_the_default_config_runs_under_backend_vllm_with_its_tuning_not_applied():
     cfg = run_config("backend=vllm")
     assert cfg.tuned == "qwen2.5-coder-1.5b_model_cpu"  # composed, as under any backend
-    assert run_line(cfg) == ("mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=fixed,gamma=5) "
-                             "verifier=mars(theta=0.9,guard=never,correction=residual) task=humaneval temperature=1 "
-                             "batch_size=1" + NOT_APPLIED)  # fmt: skip
     with pytest.raises(ValueError, match=NO_VLLM):
         check_run_config(cfg)
     untuned = run_config("tuning=none")
     assert cfg.tuned is None and OmegaConf.to_container(cfg.drafter) == OmegaConf.to_container(untuned.drafter)
+    assert run_line(cfg, method_spec(cfg)) == ("mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=fixed,gamma=5) "
+                                               "verifier=mars(theta=0.9,guard=never,correction=residual) task=humaneval "
+                                               "temperature=1 batch_size=1" + NOT_APPLIED)  # fmt: skip
     assert cfg.tuning == "cpu"  # the choice as made; the first line says what became of it
     ours = run_config()
     check_run_config(ours)  # this package's engine: the tuning it was measured in applies

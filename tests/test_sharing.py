@@ -204,10 +204,12 @@ def test_the_baseline_key_hashes_the_conditions_every_record_carries_and_is_the_
     from mars_bench.bench.baseline_cache import baseline_conditions, baseline_key
     from mars_bench.bench.cell import cell_keys
     from mars_bench.bench.records import BASELINE_CONDITIONS
+    from mars_bench.config.method import method_spec
 
     cfg = run_config("experiment=smoke", "max_new_tokens=24")
     assert tuple(baseline_conditions(cfg)) == BASELINE_CONDITIONS
-    assert {name: cell_keys(cfg, "c")[name] for name in BASELINE_CONDITIONS} == baseline_conditions(cfg)  # the records' own
+    keys = cell_keys(cfg, "c", method_spec(cfg))
+    assert {name: keys[name] for name in BASELINE_CONDITIONS} == baseline_conditions(cfg)  # the records' own
     model = Namespace(target="HuggingFaceTB/SmolLM2-135M-Instruct", dtype="bfloat16", attn_implementation="sdpa", device_map=None)
     old = Namespace(model=model, task=Namespace(name="humaneval", scorer="humaneval"), temperature=1.0, top_p=1.0, top_k=0,
                     max_new_tokens=24, seed=0, threads=None)  # fmt: skip

@@ -34,7 +34,7 @@ from mars_bench.bench.schedule import Conversation, run_schedule
 from mars_bench.bench.timing import DecodeTimer
 from mars_bench.bench.writing import PairedWriter
 from mars_bench.config.checks import check_run_config
-from mars_bench.config.method import method_spec, shadow_verifiers
+from mars_bench.config.method import shadow_verifiers
 from mars_bench.config.tuning import take_back_tuning
 from mars_bench.decoding import DecodeResult
 from mars_bench.decoding.stop_strings import StopStrings
@@ -49,10 +49,11 @@ __all__ = ["CELL_CLAIM", "Cell", "cell_keys", "failure_record", "forget_loaded_m
 
 
 class Cell:
-    """Everything one cell needs, built from the resolved config."""
+    """Everything one cell needs, built from the resolved config; ``spec``: its method, where the caller has built it
+    (``check_run_config``)."""
 
-    def __init__(self, cfg: Any, folder: Path, name: str, on_write: Any = None) -> None:
-        check_run_config(cfg)
+    def __init__(self, cfg: Any, folder: Path, name: str, on_write: Any = None, spec: MethodSpec | None = None) -> None:
+        self.spec = check_run_config(cfg, spec)  # the cell's method, built once
         self.cfg, self.folder, self.name = cfg, folder, name
         served = serve_questions(cfg.task, cfg.data_dir)
         self.questions, self.question_source = served.questions, served.source
@@ -61,7 +62,6 @@ class Cell:
         tokenizer = self.backend.tokenizer
         self.stops = self.backend.stop_token_ids
         self.stop_strings = task_stop_strings(cfg.task)
-        self.spec = method_spec(cfg)
         # accuracy_only: the method alone, untimed (no baseline to pair a speed with, no warm-up, no contention)
         baseline = {} if cfg.accuracy_only else {BASELINE: MethodSpec(sampling=self.spec.sampling)}
         self.specs: dict[str, MethodSpec] = {**baseline, cfg.verifier.name: self.spec}  # the order of one at a time
@@ -182,7 +182,7 @@ class Cell:
         another cell of the sweep decoded, copied); a failure row for each where the batch failed."""
 
         def failed(error: Exception) -> list[Record]:
-            return [failure_record(self.cfg, self.name, error, c.question, turn, method.label) for c in batch]
+            return [failure_record(self.cfg, self.name, self.spec, error, c.question, turn, method.label) for c in batch]
 
         try:
             prompts = [self.prompt_ids(c.messages) for c in batch]
@@ -208,7 +208,7 @@ class Cell:
             try:
                 self.score(record, conversation.question, turn, conversation.answers)
             except Exception as error:  # a scorer bug fails this row only
-                record = failure_record(self.cfg, self.name, error, conversation.question, turn, method.label)
+                record = failure_record(self.cfg, self.name, self.spec, error, conversation.question, turn, method.label)
             records.append(record)
         if shared and all(record.status == "ok" for record in records):
             rows = [asdict(record) for record in records]
@@ -229,9 +229,10 @@ class Cell:
             record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
 
 
-def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, Any]]:
+def run_cell(cfg: Any, folder: Path, name: str | None = None, spec: MethodSpec | None = None) -> list[dict[str, Any]]:
     """Run one cell into ``folder``, resuming its records; a second process given the same folder
-    (two launches of one sweep, a requeued job whose old self still runs) waits until the first is done."""
+    (two launches of one sweep, a requeued job whose old self still runs) waits until the first is done.
+    ``spec``: the method ``cfg`` names, where the caller has built it (``configured_spec``, the tuning taken back)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -243,7 +244,7 @@ def run_cell(cfg: Any, folder: Path, name: str | None = None) -> list[dict[str, 
     try:
         take_back_tuning(cfg)  # the config written is the one run (a multirun's cells are checked only here)
         write_config(folder, cfg)  # first: a run stopped even while its models load is its configuration's to resume
-        cell = Cell(cfg, folder, name or folder.name, on_write=claim.beat)
+        cell = Cell(cfg, folder, name or folder.name, on_write=claim.beat, spec=spec)
         try:
             return cell.run(progress=cfg.progress)
         finally:

@@ -10,7 +10,6 @@ from mars_bench.backends.base import PreparedMethod
 from mars_bench.bench.baseline_cache import baseline_conditions
 from mars_bench.bench.records import BUDGET, SCHEMA_VERSION, Record, finite_or_none
 from mars_bench.common.settings import plugin_label, setting_string
-from mars_bench.config.method import method_spec
 from mars_bench.config.tuning import own_engine
 from mars_bench.decoding.trace import DecodeResult
 from mars_bench.drafting import drafter_needs_model
@@ -19,11 +18,10 @@ from mars_bench.tasks import Question
 from mars_bench.tasks.prompting import cut_at_stop_string
 
 
-def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, Any]:
-    """The config keys every record of a cell carries, from the cell's method (``spec``; before one
-    is built, from the config, without the settings of a method the config cannot build)."""
+def cell_keys(cfg: Any, name: str, spec: MethodSpec | None) -> dict[str, Any]:
+    """The config keys every record of a cell carries, from the cell's method (``spec``; None: a method the config
+    cannot build, whose settings it leaves out)."""
     model = cfg.model
-    spec = spec or configured_spec(cfg)
     settings = spec.verifier_values if spec is not None else {}
     conditions = baseline_conditions(cfg)
     return {
@@ -41,20 +39,19 @@ def cell_keys(cfg: Any, name: str, spec: MethodSpec | None = None) -> dict[str, 
     }
 
 
-def configured_spec(cfg: Any) -> MethodSpec | None:
-    """The configured method, or None where the config cannot build one (the failure row says why)."""
-    try:
-        return method_spec(cfg)
-    except (TypeError, ValueError):
-        return None
-
-
 def failure_record(
-    cfg: Any, name: str, error: BaseException, question: Question | None = None, turn: int = 0, method: str = "*"
+    cfg: Any,
+    name: str,
+    spec: MethodSpec | None,
+    error: BaseException,
+    question: Question | None = None,
+    turn: int = 0,
+    method: str = "*",
 ) -> Record:
-    """A row saying what failed: one question's turn, or (question "*") the whole cell."""
+    """A row saying what failed: one question's turn, or (question "*") the whole cell; ``spec``: the cell's method
+    (``cell_keys``)."""
     return Record(
-        **cell_keys(cfg, name),
+        **cell_keys(cfg, name, spec),
         question_id=question.question_id if question else "*",
         category=question.category if question else "",
         turn=turn,

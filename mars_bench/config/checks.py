@@ -13,7 +13,7 @@ from mars_bench.config.tuning import own_engine, take_back_tuning
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import drafter_needs_model, drafters_without_model
 from mars_bench.drafting.batched import cli_value, one_sequence_setting
-from mars_bench.method import check_tree_judges
+from mars_bench.method import MethodSpec, check_tree_judges
 from mars_bench.models.placement import check_memory_budget, parse_dtype
 from mars_bench.verification import available_verifiers, get_verifier
 
@@ -65,12 +65,15 @@ def check_vllm_settings(cfg: Any) -> None:
                          f"allowed with backend={cfg.backend} {'is' if len(changed) == 1 else 'are'} {unset}")  # fmt: skip
 
 
-def check_run_config(cfg: Any) -> None:
+def check_run_config(cfg: Any, spec: MethodSpec | None = None) -> MethodSpec:
     """Check every range and name before any model is loaded (ValueError, one line), once the drafter tuning is
-    taken back where the backend does not take it (``take_back_tuning``: the one change made to ``cfg``)."""
+    taken back where the backend does not take it (``take_back_tuning``: the one change made to ``cfg``).
+
+    Returns the method ``cfg`` names: ``spec``, where the caller has built it from ``cfg`` as taken back
+    (``configured_spec``), else built here; the cell runs this one."""
     take_back_tuning(cfg)
     DecodeSettings(cfg.max_new_tokens, cfg.drafter.gamma)
-    spec = method_spec(cfg)
+    spec = spec or method_spec(cfg)
     if cfg.batch_size < 1:
         raise ValueError(f"batch_size={cfg.batch_size} is invalid: allowed is an integer >= 1")
     from mars_bench.backends import check_backend_config
@@ -115,3 +118,4 @@ def check_run_config(cfg: Any) -> None:
         raise ValueError(f"disturbed_load={cfg.disturbed_load} is invalid: allowed is a number of cores > 0")
     if not 0 < cfg.disturbed_gpu_util <= 100:
         raise ValueError(f"disturbed_gpu_util={cfg.disturbed_gpu_util} is invalid: allowed is a percent in (0, 100]")
+    return spec

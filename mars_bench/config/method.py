@@ -44,6 +44,15 @@ def method_spec(cfg: Any) -> MethodSpec:
     )
 
 
+def configured_spec(cfg: Any) -> MethodSpec | None:
+    """The configured method (``method_spec``), or None where the config cannot build one (the cell's check refuses
+    it, in its own line; a failure row then carries no method settings)."""
+    try:
+        return method_spec(cfg)
+    except (TypeError, ValueError):
+        return None
+
+
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:
     """label -> Verifier for each entry of ``cfg.shadow``: a name (``mars``) takes the settings that
     the live verifier shares with it (its own, for a shadow of the live verifier; ``theta`` of a live

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from mars_bench.common.settings import plugin_label
-from mars_bench.config.method import method_spec
-from mars_bench.config.tuning import own_engine, take_back_tuning
+from mars_bench.config.tuning import own_engine
+from mars_bench.method import MethodSpec
 
 
 def tuning_words(cfg: Any) -> str:
@@ -23,16 +22,13 @@ def tuning_words(cfg: Any) -> str:
     return f"tuning={cfg.tuning} (none measured for model={cfg.model.name} drafter={cfg.drafter.name}: its own defaults)"
 
 
-def run_line(cfg: Any) -> str:
-    """The run's first line: the method it runs with every drafter and verifier setting, and its tuning (as the
-    run's backend takes it: ``take_back_tuning``)."""
-    cfg = copy.deepcopy(cfg)
-    take_back_tuning(cfg)
-    try:
-        spec = method_spec(cfg)
-        drafter = f"{cfg.drafter.name}(length={spec.length.length},{spec.drafter_setting})"
-        verifier = plugin_label(cfg.verifier.name, spec.verifier_settings)
-    except (TypeError, ValueError):  # refused by the cell, in its own line
-        drafter, verifier = cfg.drafter.name, cfg.verifier.name
+def run_line(cfg: Any, spec: MethodSpec | None) -> str:
+    """The run's first line: the method ``spec`` it runs with every drafter and verifier setting (None: a method the
+    config cannot build, which the cell refuses in its own line: the names alone), and its tuning. ``cfg``: the config
+    as the run's backend takes it (``take_back_tuning`` done)."""
+    drafter, verifier = cfg.drafter.name, cfg.verifier.name
+    if spec is not None:
+        drafter = f"{drafter}(length={spec.length.length},{spec.drafter_setting})"
+        verifier = plugin_label(verifier, spec.verifier_settings)
     return (f"mars_bench: model={cfg.model.name} drafter={drafter} verifier={verifier} task={cfg.task.name} "
             f"temperature={cfg.temperature:g} batch_size={cfg.batch_size}; {tuning_words(cfg)}")  # fmt: skip
