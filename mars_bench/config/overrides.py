@@ -35,7 +35,7 @@ def check_override_keys(overrides: list[str]) -> None:
         if not dot or group not in PLUGIN_GROUPS:
             continue
         plugins = PLUGIN_GROUPS[group]
-        if key not in {item.name for item in fields(plugins.schema)}:
+        if key not in plugins.keys():
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
         common = {item.name for item in fields(plugins.common)}
         for name in chosen_plugins(group, overrides):
@@ -149,17 +149,18 @@ def check_group_choices(argv: list[str]) -> None:
                 raise ValueError(f"{group}={choice} is not a {group} option{hint}: allowed are {', '.join(options[group])}")
 
 
-def schema_type(key: str) -> Any:
-    """The declared type of the config leaf ``key`` (``verifier.theta``: ``float | None``); None where the
-    schema declares none (a group, a key inside a free-form value, an unknown key)."""
-    node: Any = RunConfig
-    unions = {group.common: group.schema for group in PLUGIN_GROUPS.values()}  # any plugin's key, by its type
-    for part in key.split("."):
-        hints = get_type_hints(unions.get(node, node)) if is_dataclass(node) else {}
-        if part not in hints:
-            return None
-        node = hints[part]
-    return None if is_dataclass(node) else node
+def declared_types(key: str, argv: list[str]) -> list[Any]:
+    """The types the config leaf ``key`` is declared with (``max_new_tokens``: ``int``): a drafter's or verifier's
+    key has the type each plugin the command line ``argv`` chooses gives it (``verifier=fsd verifier.threshold``:
+    fsd's ``float``; a sweep over plugins, each one's; a key every plugin takes where none chosen is registered,
+    the common type). Empty where no type is declared (a group, a key inside a free-form value, an unknown key)."""
+    nodes: list[Any] = [RunConfig]
+    for depth, part in enumerate(key.split(".")):
+        nodes = [hints[part] for node in nodes if is_dataclass(node) and part in (hints := get_type_hints(node))]
+        if depth == 0 and part in PLUGIN_GROUPS:
+            plugins = PLUGIN_GROUPS[part]
+            nodes = [plugins.schema(name) for name in chosen_plugins(part, argv) if name in plugins.names()] or [plugins.common]
+    return [hint for index, hint in enumerate(nodes) if not is_dataclass(hint) and hint not in nodes[:index]]
 
 
 def allowed_values(hint: Any) -> str:
@@ -181,16 +182,16 @@ def check_override_values(argv: list[str]) -> None:
     from omegaconf.errors import ValidationError
 
     for override in parsed_overrides(argv):
-        hint = schema_type(override.key_or_group)
-        if hint is None or hint is Any:
-            continue
-        probe = OmegaConf.structured(make_dataclass("Probe", [("value", hint, field(default=MISSING))]))
-        for value in override_values(override):
-            try:
-                probe.value = value
-            except ValidationError:
-                shown = value if override.is_sweep_override() else override.input_line.split("=", 1)[1]  # as typed
-                raise ValueError(f"{override.key_or_group}={shown} is invalid: allowed is {allowed_values(hint)}") from None
+        for hint in declared_types(override.key_or_group, argv):
+            if hint is Any:
+                continue
+            probe = OmegaConf.structured(make_dataclass("Probe", [("value", hint, field(default=MISSING))]))
+            for value in override_values(override):
+                try:
+                    probe.value = value
+                except ValidationError:
+                    shown = value if override.is_sweep_override() else override.input_line.split("=", 1)[1]  # as typed
+                    raise ValueError(f"{override.key_or_group}={shown} is invalid: allowed is {allowed_values(hint)}") from None
 
 
 def check_slurm_sweep(overrides: list[str]) -> None:

@@ -63,7 +63,7 @@ class VllmGpuConfig:
 @dataclass
 class DrafterCommon:
     """The keys every drafter takes: the engine's draft length. Each drafter's own settings are
-    declared once, by the drafter (``drafter_settings(name)``), and added by ``settings_schema``."""
+    declared once, by the drafter (``drafter_settings(name)``), and added by ``PluginGroup.schema``."""
 
     name: str = "model"
     gamma: int = DEFAULT_LENGTH.gamma  # drafted tokens per step (a tree's depth)
@@ -78,52 +78,6 @@ class VerifierCommon:
     """The verifier's name; its settings are declared once, by the verifier (``verifier_settings(name)``)."""
 
     name: str = "mars"
-
-
-def settings_schema(common: type, settings: dict[str, type]) -> tuple[type, dict[str, type]]:
-    """The structured config of a plugin group, built from the plugins' own settings dataclasses.
-
-    Returns the group's union of keys (the common keys plus every plugin's settings; a key two plugins
-    share takes the first one's default), which only the checks of a command line's keys and value
-    types read, and, per plugin, a subclass of ``common`` with that plugin's own keys and defaults and
-    no other plugin's (``conf/<group>/<name>.yaml`` extends it, stored as ``schema_name(group, name)``),
-    so that ``verifier=exact verifier.theta=0.5`` has no key to set.
-    """
-    hints: dict[str, Any] = {}
-    own_defaults: dict[str, dict[str, Any]] = {}
-    for plugin, settings_class in settings.items():
-        types = get_type_hints(settings_class)
-        own_defaults[plugin] = {item.name: _default(item) for item in fields(settings_class)}
-        for key in own_defaults[plugin]:
-            if hints.setdefault(key, types[key]) != types[key]:
-                raise TypeError(f"setting {key!r} of {plugin} has type {types[key]}, another plugin's has {hints[key]}")
-    first: dict[str, Any] = {}
-    for defaults in own_defaults.values():
-        for key, value in defaults.items():
-            first.setdefault(key, value)
-    union = [(key, hints[key], field(default=value)) for key, value in first.items()]
-    schema = make_dataclass(common.__name__.replace("Common", "Config"), union, bases=(common,))
-    per_plugin = {
-        plugin: make_dataclass(f"{plugin}_schema", [("name", str, field(default=plugin)),
-                               *((key, hints[key], field(default=value)) for key, value in defaults.items())],
-                               bases=(common,))  # fmt: skip
-        for plugin, defaults in own_defaults.items()
-    }
-    return schema, per_plugin
-
-
-def _default(item: Any) -> Any:
-    if item.default is not MISSING:
-        return item.default
-    if item.default_factory is not MISSING:
-        return item.default_factory()
-    raise TypeError(f"setting {item.name!r} has no default")
-
-
-DrafterConfig, DRAFTER_SCHEMAS = settings_schema(DrafterCommon, {name: drafter_settings(name) for name in available_drafters()})
-VerifierConfig, VERIFIER_SCHEMAS = settings_schema(
-    VerifierCommon, {name: verifier_settings(name) for name in available_verifiers()}
-)
 
 
 @dataclass
@@ -193,30 +147,56 @@ def schema_name(group: str, plugin: str) -> str:
 
 
 def register_configs() -> None:
-    """Store the schemas (the config's resolvers: ``bench.run_folder.register_resolvers``).
+    """Store the schemas (the config's resolvers: ``bench.run_folder.register_resolvers``): the run's, and one per
+    registered drafter and verifier (``PluginGroup.schema``).
 
-    The schemas are stored outside every config group (at the root, as primary configs are), so that
+    The plugins' schemas are stored outside every config group (at the root, as primary configs are), so that
     Hydra neither lists them among a group's options (``--help``, its error for an unknown option) nor
     takes one as a choice: ``verifier=verifier_mars_schema`` is an unknown option."""
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
-    for group, schemas in (("drafter", DRAFTER_SCHEMAS), ("verifier", VERIFIER_SCHEMAS)):
-        for name, schema in schemas.items():
-            store.store(name=schema_name(group, name), node=schema)
+    for group, plugins in PLUGIN_GROUPS.items():
+        for name in plugins.names():
+            store.store(name=schema_name(group, name), node=plugins.schema(name))
 
 
 @dataclass(frozen=True)
 class PluginGroup:
-    """A config group of plugins: its common keys, its schema (with every plugin's settings), the
-    settings class of a plugin by name and the registered names."""
+    """A config group of plugins (``drafter``, ``verifier``): the keys every plugin takes (``common``), the
+    settings class of a plugin by name and the registered names. Each plugin's settings keep their own types:
+    two plugins may declare one name with different types (``threshold: float`` and ``threshold: str``)."""
 
     common: type
-    schema: type
     settings_of: Callable[[str], type]
     names: Callable[[], list[str]]
 
+    def schema(self, name: str) -> type:
+        """The structured config of plugin ``name``: a subclass of ``common`` with the plugin's own settings, as
+        their dataclass declares them (types and defaults), and no other plugin's: ``conf/<group>/<name>.yaml``
+        extends it (``schema_name``), so that ``verifier=exact verifier.theta=0.5`` has no key to set and
+        ``verifier=fsd verifier.threshold=abc`` is checked against fsd's ``threshold: float``."""
+        settings = self.settings_of(name)
+        types = get_type_hints(settings)
+        own = [(item.name, types[item.name], schema_field(item)) for item in fields(settings)]
+        return make_dataclass(f"{name}_schema", [("name", str, field(default=name)), *own], bases=(self.common,))
+
+    def keys(self) -> set[str]:
+        """Every key a node of this group may have: the common ones and each plugin's own."""
+        return {item.name for item in fields(self.common)} | {
+            item.name for name in self.names() for item in fields(self.settings_of(name))
+        }
+
+
+def schema_field(item: Any) -> Any:
+    """A schema field with the default of the settings field ``item`` (a value or a factory); TypeError for none."""
+    if item.default is not MISSING:
+        return field(default=item.default)
+    if item.default_factory is not MISSING:
+        return field(default_factory=item.default_factory)
+    raise TypeError(f"setting {item.name!r} has no default")
+
 
 PLUGIN_GROUPS = {
-    "drafter": PluginGroup(DrafterCommon, DrafterConfig, drafter_settings, available_drafters),
-    "verifier": PluginGroup(VerifierCommon, VerifierConfig, verifier_settings, available_verifiers),
+    "drafter": PluginGroup(DrafterCommon, drafter_settings, available_drafters),
+    "verifier": PluginGroup(VerifierCommon, verifier_settings, available_verifiers),
 }

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.common.paths import CONF_DIR
 from mars_bench.config.overrides import search_folders
-from mars_bench.config.schema import DRAFTER_SCHEMAS
+from mars_bench.config.schema import PLUGIN_GROUPS
 
 
 def own_engine(backend: str) -> bool:
@@ -72,7 +72,8 @@ def option_file(cfg: Any, group: str, option: str) -> Path | None:
 def drafter_as_loaded(cfg: Any, name: str) -> dict[str, Any]:
     """The drafter node ``drafter=name`` composes to before any tuning: its schema's defaults, then the keys its
     option file (``conf/drafter/<name>.yaml``) sets."""
-    loaded = OmegaConf.structured(DRAFTER_SCHEMAS[name]) if name in DRAFTER_SCHEMAS else OmegaConf.create()
+    drafters = PLUGIN_GROUPS["drafter"]
+    loaded = OmegaConf.structured(drafters.schema(name)) if name in drafters.names() else OmegaConf.create()
     option = option_file(cfg, "drafter", name)
     if option is not None:
         loaded = OmegaConf.merge(loaded, {key: value for key, value in OmegaConf.load(option).items() if key != "defaults"})
