@@ -25,9 +25,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
-from mars_bench.backend_config import backend_config
 from mars_bench.backends import PreparedMethod, Requests, check_backend_config, make_backend
-from mars_bench.config import ModelConfig
+from mars_bench.config.backend import backend_config
+from mars_bench.config.schema import ModelConfig
 from mars_bench.decoding import DecodeResult
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings

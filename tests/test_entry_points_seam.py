@@ -13,9 +13,10 @@ import pytest
 import torch
 from conftest import SHARED_DATA, HostSyncs
 
-from mars_bench.backend_config import backend_config
 from mars_bench.backends import PreparedMethod, Requests, TransformersBackend, register_backend
-from mars_bench.config import ModelConfig, method_spec
+from mars_bench.config.backend import backend_config
+from mars_bench.config.method import method_spec
+from mars_bench.config.schema import ModelConfig
 from mars_bench.decoding import DecodeResult, decode
 from mars_bench.lm_eval_model import MarsBenchLM, lm_eval_spec
 from mars_bench.method import MethodSpec

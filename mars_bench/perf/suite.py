@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from mars_bench.backend_config import backend_config
 from mars_bench.backends import PreparedMethod, Requests, make_backend
 from mars_bench.backends.base import backend_class, check_backend
 from mars_bench.bench.contention import ContentionMeter
@@ -32,7 +31,8 @@ from mars_bench.bench.manifest import cpu_description, git_state, gpu_descriptio
 from mars_bench.common.kernels import DEFAULT_KERNELS, check_kernels
 from mars_bench.common.strict_rule import strict_verifier
 from mars_bench.common.token_counts import emitted_tokens
-from mars_bench.config import ModelConfig
+from mars_bench.config.backend import backend_config
+from mars_bench.config.schema import ModelConfig
 from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLengthSettings
 from mars_bench.decoding.engine import cut_at_stop
 from mars_bench.decoding.trace import PHASES

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mars_bench.config import DRAFTER_SCHEMAS, VERIFIER_SCHEMAS, ModelConfig, RunConfig
+from mars_bench.config.schema import PLUGIN_GROUPS, ModelConfig, RunConfig
 from mars_bench.method import MethodSpec
 
 
@@ -21,8 +21,9 @@ def backend_config(spec: MethodSpec, model: ModelConfig, backend: str = "transfo
     rest keep the schema's defaults. ``spec`` names a verifier, as the app's config always does."""
     if spec.verifier is None:
         raise ValueError("backend_config needs a method with a verifier: allowed are the registered verifiers' specs")
-    drafter = DRAFTER_SCHEMAS[spec.drafter](**dataclasses.asdict(spec.length), **dataclasses.asdict(spec.drafter_settings))
-    verifier = VERIFIER_SCHEMAS[spec.verifier](**dataclasses.asdict(spec.verifier_settings))
+    drafter_node = PLUGIN_GROUPS["drafter"].schema(spec.drafter)
+    drafter = drafter_node(**dataclasses.asdict(spec.length), **dataclasses.asdict(spec.drafter_settings))
+    verifier = PLUGIN_GROUPS["verifier"].schema(spec.verifier)(**dataclasses.asdict(spec.verifier_settings))
     sampling = spec.sampling
     run = RunConfig(model=model, drafter=drafter, verifier=verifier, temperature=sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, backend=backend, **keys)  # fmt: skip
