@@ -424,6 +424,16 @@ def test_a_single_run_with_fidelity(zoo):
         assert len(row["position_kl"]) == len(row["margins"]) == costs[next(iter(costs))]["judged"]
 
 
+def test_the_safety_sweep_composes_each_task_with_its_scorer_and_judge():
+    """The four safety tasks under exact and mars, composed (tests/test_safety.py runs them on SmolLM2-135M)."""
+    cells = composed_cells(shown("python -m mars_bench -m task=harmful,jailbreak,injection,over_refusal"))
+    scorers = {"harmful": "refusal_rate", "jailbreak": "attack_success", "injection": "injection_success",
+               "over_refusal": "over_refusal"}  # fmt: skip
+    assert [(cfg.task.name, cfg.verifier.name) for cfg in cells] == [(t, v) for t in scorers for v in ("exact", "mars")]
+    assert all(cfg.task.scorer == scorers[cfg.task.name] and cfg.temperature == 0 for cfg in cells)
+    assert [list(cfg.task.attacks) for cfg in cells[2:4]] == [["prefix_injection", "refusal_suppression", "evil_confidant"]] * 2
+
+
 LARGE_TARGETS = ["python -m mars_bench -m experiment=table1 model=qwen3-8b", "python -m mars_bench model=llama3.1-8b",
                  "python -m mars_bench model=qwen3-32b"]  # fmt: skip
 TABLE1_TASKS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnndm")

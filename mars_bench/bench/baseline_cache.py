@@ -25,6 +25,7 @@ from mars_bench.bench.claims import Claim
 from mars_bench.bench.records import EARLIER_BACKEND, RECORD_FIELDS, read_rows
 from mars_bench.common.files import atomic_create
 from mars_bench.common.kernels import EARLIER_KERNELS
+from mars_bench.tasks.safety.scoring import record_judge
 
 CACHE_FILE = "baselines.jsonl"  # the single file older versions appended to (read, never written)
 ENTRY_SUFFIX = ".json"
@@ -39,7 +40,7 @@ def baseline_conditions(cfg: Any) -> dict[str, Any]:
             "top_p": cfg.top_p, "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
             "threads": cfg.threads, "batch_size": getattr(cfg, "batch_size", 1),
             "backend": getattr(cfg, "backend", EARLIER_BACKEND),
-            "kernels": getattr(model, "kernels", EARLIER_KERNELS)}  # fmt: skip
+            "kernels": getattr(model, "kernels", EARLIER_KERNELS), "judge": record_judge(task)}  # fmt: skip
 
 
 HASHED_AS = {"attn_implementation": "attn"}  # the names earlier versions hashed: their cached baselines still match
@@ -55,6 +56,8 @@ def baseline_key(cfg: Any, question_id: Any, prompt: list[int], seed: int) -> st
         del fixed["backend"]  # likewise
     if fixed["kernels"] == EARLIER_KERNELS:
         del fixed["kernels"]  # likewise
+    if fixed["judge"] is None:
+        del fixed["judge"]  # likewise
     fixed |= {"question_id": str(question_id), "prompt": prompt, "seed": seed}
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()
 

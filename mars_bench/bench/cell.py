@@ -44,6 +44,8 @@ from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.judge import JudgeScorer, load_judge_prompts
 from mars_bench.tasks.prompting import task_stop_strings, user_text
 from mars_bench.tasks.providers import serve_questions
+from mars_bench.tasks.safety.scoring import SAFETY_SCORERS, build_safety_scorer
+from mars_bench.tasks.scoring import Judged
 
 __all__ = ["CELL_CLAIM", "Cell", "cell_keys", "failure_record", "forget_loaded_models", "load_models", "run_cell"]
 
@@ -73,13 +75,13 @@ class Cell:
                 self.methods = [prepared[label] for label in self.specs]
             else:  # news to the user: the baseline's rows all come first, and no chunk alternates
                 print(f"mars_bench: {self.plan.line}", file=sys.stderr)
+            self.scorer = self.build_scorer()  # a judge's model loads after the engines (vLLM sizes itself first)
         except EngineStopped as error:
             self.backend.close()
             raise self.stopped(error) from None
         except BaseException:  # what was prepared goes (an engine holds its memory) before the cell fails
             self.backend.close()
             raise
-        self.scorer = self.build_scorer()
         self.shadows = shadow_verifiers(cfg)
         self.rows = RowBuilder(cell_keys(cfg, name, self.spec), tokenizer, tuple(self.stop_strings), tuple(self.shadows))
         self.baselines = BaselineCache(cfg.baseline_cache) if cfg.baseline_cache else None
@@ -88,10 +90,14 @@ class Cell:
 
     def build_scorer(self) -> Any:
         task, model = self.cfg.task, self.cfg.model
+
+        def load(name: str) -> Any:  # a judge model, placed and typed as the target
+            return cached_model(name, model.dtype, model.device_map, model.attn_implementation, None, None, model.kernels)
+
         if task.scorer == "judge":
-            judge = cached_model(task.judge_model, model.dtype, model.device_map, model.attn_implementation, None, None,
-                                 model.kernels)  # fmt: skip
-            return JudgeScorer(judge, load_judge_prompts(self.cfg.data_dir), task.judge_max_new_tokens)
+            return JudgeScorer(load(task.judge_model), load_judge_prompts(self.cfg.data_dir), task.judge_max_new_tokens)
+        if task.scorer in SAFETY_SCORERS:
+            return build_safety_scorer(task, load)
         return SCORERS.get(task.scorer) if task.scorer else None
 
     def decode(self, method: PreparedMethod, prompts: list[list[int]], seeds: list[int],
@@ -223,10 +229,12 @@ class Cell:
         return baseline_key(self.cfg, *rows[0]) if len(rows) == 1 else batch_baseline_key(self.cfg, rows)
 
     def score(self, record: Record, question: Question, turn: int, answers: list[str]) -> None:
-        """The record's score (``answers``: this method's earlier turns of the question)."""
+        """The record's score (``answers``: this method's earlier turns of the question), with a safety scorer's
+        verdicts."""
         if self.scorer is not None:
             answer = record.output_text
-            record.score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
+            score = self.scorer(answer, question, turn=turn, answers=[*answers, answer])
+            record.score, record.safety = (score.score, score.verdicts) if isinstance(score, Judged) else (score, {})
 
 
 def run_cell(cfg: Any, folder: Path, name: str | None = None, spec: MethodSpec | None = None) -> list[dict[str, Any]]:

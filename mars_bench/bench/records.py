@@ -22,7 +22,7 @@ RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
-SCHEMA_VERSION = 14  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 15  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
@@ -37,6 +37,7 @@ SCHEMA_VERSION = 14  # 2: shadow_accepted, baseline_from, draft_length; 3: draft
 # 12: kernels (model.kernels: how the engine's linear layers computed on the CPU)
 # 13: engine_step_s, engine_step_rows (a serving engine's own steps: what the cost model reads for backend=vllm)
 # 14: own_engine (the backend's Backend.own_engine: this package's engine decoded the row; ``own_engine`` reads older rows)
+# 15: judge (a safety scorer's judge, a baseline condition), safety (its verdicts, and against the baseline: refusal_kept)
 SETTINGS_AS_FIELDS_UNTIL = 6  # the last schema whose rows carried verifier settings as fields (``legacy_setting_fields``)
 RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: no reader takes them for verifier settings
 
@@ -46,9 +47,9 @@ RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: 
 # between the cells of a sweep; the analysis pairs a method with a baseline, and pools rows into one
 # setting, only where they agree (records older than schema 7 lack the last four: they agree as unknown).
 BASELINE_CONDITIONS = ("target", "dtype", "attn_implementation", "device_map", "task", "scorer", "temperature", "top_p",
-                       "top_k", "max_new_tokens", "seed", "threads", "batch_size", "backend", "kernels")  # fmt: skip
+                       "top_k", "max_new_tokens", "seed", "threads", "batch_size", "backend", "kernels", "judge")  # fmt: skip
 # (batch_size from schema 8 on: older rows were decoded one at a time, batch_size 1; backend from schema 11 on;
-# kernels from schema 12 on: older rows ran common.kernels.EARLIER_KERNELS)
+# kernels from schema 12 on: older rows ran common.kernels.EARLIER_KERNELS; judge from schema 15 on: older rows had none)
 EARLIER_BACKEND = "transformers"  # what ran every row, and every config, older than the backend field
 
 
@@ -148,6 +149,10 @@ class Record:
     # the backend's Backend.own_engine: this package's engine decoded (its steps are the forwards batch_costs.json times)
     own_engine: bool = True
     kernels: str = EARLIER_KERNELS  # model.kernels (common/kernels.py); older rows: EARLIER_KERNELS
+    judge: str | None = None  # a safety scorer's judge as records name it (tasks/safety/judges.judge_label); None: none
+    # a safety scorer's verdicts: {"judge": the chosen one, "verdicts": {judge: its verdict}}, and on a method row
+    # paired with its baseline "refusal_kept" (tasks/safety/scoring.paired_safety); empty for other scorers
+    safety: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -66,3 +66,11 @@ def paired_permutation_p(differences, *, rounds: int = 20000, seed: int = 0) -> 
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(rounds, data.size))
     totals = np.abs(signs @ data)
     return float(np.mean(totals >= observed - 1e-12))
+
+
+def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``successes`` / ``trials`` (NaN for no trials)."""
+    if trials == 0:
+        return (float("nan"), float("nan"))
+    interval = stats.binomtest(successes, trials).proportion_ci(confidence_level=level, method="wilson")
+    return float(interval.low), float(interval.high)

@@ -102,12 +102,15 @@ def check_run_config(cfg: Any, spec: MethodSpec | None = None) -> MethodSpec:
     from mars_bench.tasks import SCORERS
     from mars_bench.tasks.prompting import check_prompting
     from mars_bench.tasks.providers import check_task
+    from mars_bench.tasks.safety.scoring import SAFETY_SCORERS, check_safety_scoring
 
     check_task(cfg.task)
     check_prompting(cfg.task)
 
-    if cfg.task.scorer is not None and cfg.task.scorer not in (*SCORERS, "judge"):
-        raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(sorted(SCORERS))}, judge or null")
+    scorers = sorted([*SCORERS, *SAFETY_SCORERS])
+    if cfg.task.scorer is not None and cfg.task.scorer not in (*scorers, "judge"):
+        raise ValueError(f"task.scorer={cfg.task.scorer!r} is invalid: allowed are {', '.join(scorers)}, judge or null")
+    check_safety_scoring(cfg.task)
     if cfg.task.scorer == "judge" and not cfg.task.judge_model:
         raise ValueError("task.scorer=judge needs task.judge_model=<Hub id or folder of the judge model>")
     if cfg.warmup < 0:

@@ -90,8 +90,10 @@ class TaskConfig:
     max_turns: int | None = None  # the first N turns of each question (MT-bench has 2); null = all
     system_prompt: str | None = None
     scorer: str | None = None
-    judge_model: str | None = None  # for scorer=judge: any causal LM, by Hub id or folder
+    judge_model: str | None = None  # for scorer=judge and the safety judges that run a model: by Hub id or folder
     judge_max_new_tokens: int = 512
+    judge: str | None = None  # a safety scorer's judge (tasks/safety/judges.py); null: the scorer's default
+    attacks: list[str] = field(default_factory=list)  # jailbreak templates each request is wrapped in (tasks/safety/attacks.py)
     # The prompt format (tasks/prompting.py): each user turn wrapped in `instruction` ({question}: the turn less
     # drop_prefix), the reply begun with answer_prefix in the prompt, answers ended at stop_strings too.
     instruction: str | None = None

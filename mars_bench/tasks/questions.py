@@ -14,6 +14,7 @@ class Question:
     turns: list[str]
     category: str = ""
     reference: list[str] = field(default_factory=list)
+    request: str | None = None  # a wrapped prompt's bare request, which judges grade the answer against (jailbreaks)
 
 
 class QuestionFileError(ValueError):

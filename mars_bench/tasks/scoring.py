@@ -8,13 +8,22 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from math import comb
 from typing import Any
 
 from mars_bench.tasks.questions import Question
 
-Scorer = Callable[..., "float | None"]  # (answer, question, *, turn, answers) -> score
+Scorer = Callable[..., "float | Judged | None"]  # (answer, question, *, turn, answers) -> score
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A score with the verdicts behind it, which the record keeps (``Record.safety``)."""
+
+    score: float | None
+    verdicts: dict[str, Any]
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
