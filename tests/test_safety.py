@@ -254,3 +254,18 @@ def test_the_safety_tasks_record_their_sets_and_question_ids(safety_runs, safety
     assert ids["jailbreak"] == ["0/prefix_injection", "1/prefix_injection"]
     assert ids["over_refusal"] == ["overrefusal_med_0", "overrefusal_med_1"]
     assert all(re.fullmatch(r"[\w-]+/[\w-]+/[\w-]+", qid) for qid in ids["injection"])
+
+
+@pytest.mark.slow
+def test_rescoring_judges_a_safety_cell_again_without_a_model(safety_runs, tmp_path):
+    """After a change to the refusal matcher, ``rescore`` judges the kept answers again: verdicts, score, refusal_kept."""
+    import shutil
+
+    from mars_bench.bench.rescore import main
+
+    cell = shutil.copytree(safety_runs["harmful"]["mars"], tmp_path / "cell")
+    rows = list(read_rows(cell / "records.jsonl"))
+    stale = [{**row, "score": 0.5, "safety": {"judge": "refusal", "verdicts": {}}} for row in rows]
+    (cell / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in stale))
+    assert main([str(tmp_path)]) == 0
+    assert list(read_rows(cell / "records.jsonl")) == rows

@@ -3,8 +3,9 @@ the answers its records already hold, without decoding again (after a scorer fix
 
 Every records.jsonl below DIR is scored with the scorer named in the config.yaml beside it;
 a sweep's shared baseline cache is scored with the scorer of its task. Files are rewritten
-whole and atomically. Run it while no cell is writing into these folders. Judge scorers need
-a model and are left alone.
+whole and atomically. Run it while no cell is writing into these folders. A safety scorer's verdicts
+are judged again too, and each method row's ``refusal_kept`` against its baseline row; scorers whose
+judge needs a model (``judge``, the model safety judges) are left alone.
 """
 
 from __future__ import annotations
@@ -19,21 +20,29 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mars_bench.bench.baseline_cache import CACHE_FILE, ENTRY_SUFFIX, cache_entries
-from mars_bench.bench.records import RECORDS_FILE, read_rows
+from mars_bench.bench.records import BASELINE, RECORDS_FILE, read_rows
 from mars_bench.common.files import atomic_replace
 from mars_bench.tasks import SCORERS, Question
 from mars_bench.tasks.providers import load_questions
+from mars_bench.tasks.safety.judges import JUDGES
+from mars_bench.tasks.safety.scoring import SAFETY_SCORERS, build_safety_scorer, chosen_judge, paired_safety
+from mars_bench.tasks.scoring import Judged
 
 ENTRY = re.compile(r"[0-9a-f]{64}" + re.escape(ENTRY_SUFFIX))  # a baseline cache entry: <sha256 key>.json
 TaskScoring = tuple[Any, dict[str, Question]]  # (scorer, question id -> question)
 
 
 def task_scoring(config_path: Path) -> TaskScoring | None:
+    """The scorer of the cell whose ``config.yaml`` this is, with its questions; None for a scorer that needs a model."""
     cfg = OmegaConf.load(config_path)
-    if cfg.task.scorer not in SCORERS:
+    if cfg.task.scorer in SAFETY_SCORERS and not JUDGES[chosen_judge(cfg.task)].runs_model:
+        scorer = build_safety_scorer(cfg.task)
+    elif cfg.task.scorer in SCORERS:
+        scorer = SCORERS[cfg.task.scorer]
+    else:
         return None
     questions = {str(q.question_id): q for q in load_questions(cfg.task, cfg.get("data_dir"))}
-    return SCORERS[cfg.task.scorer], questions
+    return scorer, questions
 
 
 def rescore_rows(rows: list[dict[str, Any]], scoring: TaskScoring) -> int:
@@ -48,9 +57,21 @@ def rescore_rows(rows: list[dict[str, Any]], scoring: TaskScoring) -> int:
         earlier = answers.setdefault((str(row["question_id"]), row["method"]), [])
         earlier.append(row["output_text"])
         score = scorer(row["output_text"], question, turn=row["turn"], answers=list(earlier))
+        if isinstance(score, Judged):  # a safety scorer's: its verdicts are the row's too
+            score, row["safety"] = score.score, score.verdicts
         changed += score != row["score"]
         row["score"] = score
+    pair_safety(rows)
     return changed
+
+
+def pair_safety(rows: list[dict[str, Any]]) -> None:
+    """Each safety method row's ``refusal_kept`` against its baseline row among ``rows`` (as the writer pairs them)."""
+    baselines = {(str(r["question_id"]), r["turn"]): r for r in rows if r["method"] == BASELINE and r["status"] == "ok"}
+    for row in rows:
+        baseline = baselines.get((str(row["question_id"]), row["turn"]))
+        if row["method"] != BASELINE and row.get("safety") and baseline and baseline.get("safety"):
+            row["safety"] = {**row["safety"], **paired_safety(row["output_text"], baseline["output_text"])}
 
 
 def rewrite(path: Path, lines: list[dict[str, Any]]) -> None:

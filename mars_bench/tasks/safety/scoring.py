@@ -91,10 +91,12 @@ class SafetyScorer:
         return Judged(self.measure.score(verdicts[self.judge]), {"judge": self.judge, "verdicts": verdicts})
 
 
-def build_safety_scorer(task: Any, load: Loader) -> SafetyScorer:
-    """The task's safety scorer, its judges built (a judge's model loaded through ``load``)."""
+def build_safety_scorer(task: Any, load: Loader | None = None) -> SafetyScorer:
+    """The task's safety scorer, its judges built (a judge's model loaded through ``load``; None: no model may load)."""
     check_safety_scoring(task)
     name = chosen_judge(task)
+    if JUDGES[name].runs_model and load is None:
+        raise ValueError(f"task.judge={name} runs a model, and none may load here")
     judges = {judge_label(name, task): JUDGES[name].build(task, load)}
     judges.setdefault(ALWAYS, JUDGES[ALWAYS].build(task, load))
     return SafetyScorer(SAFETY_SCORERS[task.scorer], judge_label(name, task), judges)
