@@ -12,7 +12,7 @@ import pytest
 from conftest import python_m, run_config
 
 from mars_bench.bench.records import read_rows
-from mars_bench.config import check_run_config
+from mars_bench.config.checks import check_run_config
 from mars_bench.models.sources import SourceError
 from mars_bench.tasks.questions import Question, QuestionFileError
 from mars_bench.tasks.safety.attacks import ATTACKS, wrap_in_attacks
