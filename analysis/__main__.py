@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars_bench.bench.records import decoded_by_own_engine
-from mars_bench.bench.summary import CUT_MARK, cut_note, disturbed_note, disturbed_rows, finished
+from mars_bench.bench.summary import CUT_MARK, cut_note, disturbed_note, disturbed_rows, finished, with_rule_statistics
 from mars_bench.common.files import atomic_replace
 
 from . import acceptance, batching, fidelity, figures
@@ -32,14 +32,14 @@ DESCRIPTIONS = {
     "run folders its prompts came from), disturbed (prompts whose timing other processes disturbed: left out of the "
     "speedup unless --include-disturbed), speedup with its bootstrap 95% CI (where there is none, why), tau (pooled: "
     "emitted tokens over verification steps, all requests together) and tau_request_mean (the mean of each request's "
-    "tau), acceptance rate, the verifier's own trigger rate (empty for a verifier without a "
-    "trigger), margin_over_0.9 (a counterfactual from the recorded margins, for every verifier: the share of verified "
-    "positions whose margin z2 / z1 lies in (0.9, 1], where the paper's rule at its default threshold would relax), "
+    "tau), acceptance rate, relaxed accepts and their share, NAME_rate for each count statistic a verifier declares "
+    "(the share of verified positions where it happened, e.g. trigger_rate; empty for a verifier without it), "
     "score with its CI.",
     "table1": "the MARS paper's Table 1 layout: speedup (throughput ratio over the paired AR baseline), tau (pooled) and "
     "tau_request_mean (per request, then averaged) per target, drafter, temperature and verifier, column groups per task, "
     "unweighted Mean.",
-    "threshold ablation": "speedup, tau, score and trigger rate against the one setting that differs between a "
+    "threshold ablation": "speedup, tau, score and the rate of each count statistic the verifiers declare against the "
+    "one setting that differs between a "
     "verifier's cells (a column of panels per such verifier, the x axis named verifier: setting), one line per task; "
     "dashed: the strict verifier.",
     "pareto": "score against speedup for every verifier and setting, per task, with the Pareto front." + KEYED,
@@ -48,9 +48,10 @@ DESCRIPTIONS = {
     "difference, and a two-sided paired sign-flip permutation test.",
     "alpha per depth": "alpha_d, the share of drafts reaching depth d that are accepted, with its bootstrap 95% CI over "
     "prompts and the drafts reaching each depth, per verifier and task." + KEYED,
-    "margin histograms": "histograms of the margin z2 / z1 at strict accepts, relaxed accepts and rejections, per verifier."
-    + KEYED,
-    "acceptance by margin": "acceptance rate of verified positions per margin bin, with counts." + KEYED,
+    "statistic histograms": "histograms of the value statistic {statistic}, which the verifier declares, at strict "
+    "accepts, relaxed accepts and rejections, per verifier." + KEYED,
+    "acceptance by statistic": "acceptance rate of verified positions per bin of the value statistic {statistic} "
+    "(deciles of its values), with counts." + KEYED,
     "shadow": "acceptance rate (kept drafts / drafts) of the live verifier and of each shadow verifier on the very same "
     "drafts and target logits.",
     "fidelity": "per setting and per rule judged on its drafts (the live verifier, then each shadow): positions, expected "
@@ -83,14 +84,15 @@ class Report:
         self.skipped: list[str] = []
         self.notes: list[str] = []  # what the index says before its entries (a speedup missing everywhere, and why)
 
-    def make(self, what: str, build: Callable[[], list[str]]) -> None:
+    def make(self, what: str, build: Callable[[], list[str]], **words: str) -> None:
+        """Build the artefacts ``what`` names and index them with their description (``words`` fill its blanks)."""
         try:
             names = build()
         except NotEnoughData as reason:
-            self.skip(what, reason)
+            self.skip(f"{what} ({', '.join(words.values())})" if words else what, reason)
             return
         links = " / ".join(f"[{name}]({name})" for name in names)
-        self.lines.append(f"- {links}: {DESCRIPTIONS[what]}")
+        self.lines.append(f"- {links}: {DESCRIPTIONS[what].format(**words) if words else DESCRIPTIONS[what]}")
 
     def skip(self, what: str, reason: NotEnoughData) -> None:
         self.skipped.append(f"- {what}: skipped, {reason}.")
@@ -135,6 +137,7 @@ def read_parquet(path: Path) -> pd.DataFrame:
     for column in PER_POSITION:
         if column not in frame:
             frame[column] = [[] for _ in range(len(frame))]
+    frame = with_rule_statistics(frame)  # tables gathered from older records carry their fields for them
     if "conditions" not in frame:
         frame = name_conditions(frame)
     if "own_engine" not in frame:
@@ -264,21 +267,32 @@ def write_acceptance(frame: pd.DataFrame, report: Report) -> None:
         return [*report.table("alpha_per_depth", table, ALPHA_FORMATS), *with_key(figure)]
 
     report.make("alpha per depth", alpha)
-    try:
-        positions = acceptance.positions(frame)
-    except NotEnoughData as reason:
-        report.skipped.append(f"- margin figures: skipped, {reason}.")
-        positions = None
-    if positions is not None:
-        report.make("margin histograms", lambda: with_key(figures.margin_histograms(positions, out / "margin_histograms.png")))
-
-        def by_margin() -> list[str]:
-            table = acceptance.acceptance_by_margin(positions)
-            return [*report.table("acceptance_by_margin", table),
-                    *with_key(figures.acceptance_by_margin_plot(table, out / "acceptance_by_margin.png"))]  # fmt: skip
-
-        report.make("acceptance by margin", by_margin)
+    statistics = acceptance.value_statistics(frame)
+    if not statistics:
+        report.skipped.append("- statistic figures: skipped, no verifier of these rows declares a value statistic.")
+    for statistic in statistics:
+        write_statistic(frame, statistic, report)
     report.make("shadow", lambda: report.table("shadow", acceptance.shadow_table(frame), {"prompts": "{}", "drafted": "{}"}))
+
+
+def write_statistic(frame: pd.DataFrame, statistic: str, report: Report) -> None:
+    """The histograms of a value statistic by outcome and the acceptance by its bin (``acceptance.positions``)."""
+    out = report.out
+    try:
+        positions = acceptance.positions(frame, statistic)
+    except NotEnoughData as reason:
+        report.skip(f"{statistic} figures", reason)
+        return
+    histograms = out / f"{statistic}_histograms.png"
+    report.make("statistic histograms", lambda: with_key(figures.value_histograms(positions, statistic, histograms)),
+                statistic=statistic)  # fmt: skip
+
+    def by_value() -> list[str]:
+        table = acceptance.acceptance_by_value(positions)
+        name = f"acceptance_by_{statistic}"
+        return [*report.table(name, table), *with_key(figures.acceptance_by_value_plot(table, statistic, out / f"{name}.png"))]
+
+    report.make("acceptance by statistic", by_value, statistic=statistic)
 
 
 FIDELITY_FORMATS = {"kl_per_position": "{:.3g}", "tv_per_position": "{:.3g}", "draft_tv_per_position": "{:.3f}",

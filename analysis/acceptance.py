@@ -1,6 +1,6 @@
-"""Acceptance analytics from the per-position fields of method rows: alpha per draft depth,
-the margin statistic (z2 / z1) at strict accepts, relaxed accepts and rejections, acceptance
-by margin bin, and the shadow verifiers' acceptance on the live verifier's own drafts."""
+"""Acceptance analytics from the per-position fields of method rows: alpha per draft depth, each
+value statistic a verifier declares (``rule_values``) at strict accepts, relaxed accepts and
+rejections, acceptance by its bin, and the shadow verifiers' acceptance on the live verifier's own drafts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .cells import NotEnoughData, method_rows, varying_labels
 KEYS = ["model", "drafter", "task", "temperature", "label"]
 OUTCOMES = {Reason.EXACT: "strict accept", Reason.SAMPLED: "strict accept", Reason.RELAXED: "relaxed accept",
             Reason.REJECTED: "rejected"}  # fmt: skip
-MARGIN_BINS = np.array([-np.inf, 0.5, 0.6, 0.7, 0.75, 0.8, 0.84, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0, np.inf])
+BINS = 10  # acceptance by a statistic's value: at most this many bins, each with about as many positions
 
 
 def share_of_sums(numerators: np.ndarray, denominators: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -52,27 +52,43 @@ def alpha_per_depth(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def positions(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per verified position: its margin z2 / z1 and its outcome, per setting (``KEYS``)."""
+def value_statistics(frame: pd.DataFrame) -> list[str]:
+    """The value statistics the method rows carry (``rule_values``), in the order they first appear."""
+    found = [values for values in method_rows(frame)["rule_values"] if isinstance(values, dict)]
+    return list(dict.fromkeys(name for values in found for name in values))
+
+
+def positions(frame: pd.DataFrame, statistic: str) -> pd.DataFrame:
+    """One row per verified position of the method rows that carry the value statistic ``statistic``: its
+    ``value`` and its outcome, per setting (``KEYS``)."""
     out = []
     for key, rows in method_rows(frame).groupby(KEYS, sort=True):
-        # Rows whose margins were not recorded (backend=vllm before it traced them) have none to pair with.
-        paired = rows[[len(m) == len(r) for m, r in zip(rows["margins"], rows["reasons"])]]
-        margins = [m for row in paired["margins"] for m in row]
-        reasons = [r for row in paired["reasons"] for r in row]
-        out.append(pd.DataFrame({**dict(zip(KEYS, key)), "margin": margins, "reason": reasons}))
-    table = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-    if table.empty:
-        raise NotEnoughData("no verified positions in the method rows")
-    table["margin"] = pd.to_numeric(table["margin"])  # None (z1 not finite) becomes NaN
+        found = [values.get(statistic) if isinstance(values, dict) else None for values in rows["rule_values"]]
+        # Rows whose values were not recorded for every position (backend=vllm before it traced them) pair with none.
+        paired = [(v, r) for v, r in zip(found, rows["reasons"]) if v is not None and len(v) == len(r) and len(r)]
+        if paired:
+            out.append(pd.DataFrame({**dict(zip(KEYS, key)), "value": [x for v, _ in paired for x in v],
+                                     "reason": [x for _, r in paired for x in r]}))  # fmt: skip
+    if not out:
+        raise NotEnoughData(f"no verified position carries the statistic {statistic}")
+    table = pd.concat(out, ignore_index=True)
+    table["value"] = pd.to_numeric(table["value"])  # None (not finite) becomes NaN
     table["outcome"] = table["reason"].map(OUTCOMES)
     return table
 
 
-def acceptance_by_margin(table: pd.DataFrame) -> pd.DataFrame:
-    """Acceptance rate of verified positions per margin bin (bins marked by their edges)."""
-    table = table.dropna(subset=["margin"]).copy()
-    table["bin"] = pd.cut(table["margin"], MARGIN_BINS, right=False)
+def value_bins(values: pd.Series, bins: int = BINS) -> np.ndarray:
+    """Bin edges for ``values``: their quantiles at 1/bins, 2/bins, ... (3 significant digits, repeats merged),
+    between -inf and inf, so that each bin holds about as many positions whatever the statistic's scale."""
+    finite = values[np.isfinite(values)]
+    inner = np.unique([float(f"{edge:.3g}") for edge in np.quantile(finite, np.arange(1, bins) / bins)]) if len(finite) else []
+    return np.array([-np.inf, *inner, np.inf])
+
+
+def acceptance_by_value(table: pd.DataFrame) -> pd.DataFrame:
+    """Acceptance rate of verified positions per bin of a statistic's value (``value_bins``, marked by their edges)."""
+    table = table.dropna(subset=["value"]).copy()
+    table["bin"] = pd.cut(table["value"], value_bins(table["value"]), right=False)
     table["accepted"] = table["outcome"] != "rejected"
     grouped = table.groupby([*KEYS, "bin"], observed=True)["accepted"]
     out = grouped.agg(positions="size", acceptance_rate="mean").reset_index()

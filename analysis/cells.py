@@ -19,7 +19,15 @@ import numpy as np
 import pandas as pd
 
 from mars_bench.bench.records import BASELINE, BASELINE_CONDITIONS
-from mars_bench.bench.summary import PROMPT, disturbed_reason, finished, pair_with_baseline, speedup_notes, summarise_paired
+from mars_bench.bench.summary import (
+    PROMPT,
+    disturbed_reason,
+    finished,
+    pair_with_baseline,
+    rule_rate_columns,
+    speedup_notes,
+    summarise_paired,
+)
 from mars_bench.common.settings import parse_setting
 
 MISSING = object()  # a key one setting of a name has and another lacks
@@ -95,10 +103,8 @@ def method_summary(frame: pd.DataFrame, include_disturbed: bool = False, include
     """One row per setting: prompts, run_folders (how many run folders they came from: analysis/runs.py),
     disturbed (the prompts whose timing other processes disturbed: left out of the speedup, counted in
     it with ``include_disturbed``), speedup [CI] and, where it is missing, ``speedup_note`` (why), tau,
-    acceptance, trigger rate, score [CI]; and ``margin_over_0.9``, the share of verified positions
-    whose recorded margin z2 / z1 lies in (0.9, 1], i.e. where the paper's rule at its default threshold
-    would have relaxed: computed from the margins for every verifier, strict ones included (a
-    counterfactual, not what the verifier did). ``finished`` of ``answers`` ended on a stop (``finished_share``);
+    acceptance, the rate of each count statistic its verifier declares (``summary.rule_rates``), score [CI].
+    ``finished`` of ``answers`` ended on a stop (``finished_share``);
     the score change against the baseline counts the prompts where both answers finished (every one with
     ``include_cut``). Beside ``verifier``, a column per setting that differs between the cells of a verifier
     (``setting_columns``)."""
@@ -106,15 +112,22 @@ def method_summary(frame: pd.DataFrame, include_disturbed: bool = False, include
     out = []
     for key, rows in pairs.groupby(SETTING, dropna=False, sort=True):
         rows = rows.drop_duplicates(["run_dir", *PROMPT])
-        margins = pd.to_numeric(pd.Series([m for row in rows["margins"] for m in row], dtype=object))
-        counterfactual = ((margins > 0.9) & (margins <= 1.0)).mean() if len(margins) else float("nan")
         summary = summarise_paired(rows, include_disturbed, include_cut)
         summary["finished_share"] = summary["finished"] / summary["answers"] if summary["answers"] else float("nan")
         out.append({**dict(zip(SETTING, key)), "label": rows["label"].iloc[0], "prompts": summary.pop("prompts"),
-                    "run_folders": rows["run_dir"].nunique(), **summary, "margin_over_0.9": counterfactual})  # fmt: skip
-    summary = setting_columns(pd.DataFrame(out))
+                    "run_folders": rows["run_dir"].nunique(), **summary})  # fmt: skip
+    table = pd.DataFrame(out)
+    summary = setting_columns(after(table, "relaxed_share", rule_rate_columns(table)))
     summary.insert(summary.columns.get_loc("speedup_mean_rate") + 1, "speedup_note", speedup_notes(summary, INCLUDE_DISTURBED))
     return summary
+
+
+def after(table: pd.DataFrame, column: str, moved: list[str]) -> pd.DataFrame:
+    """``table`` with the columns ``moved`` right after ``column`` (settings that declare different statistics
+    leave each statistic's rate wherever its first row put it)."""
+    rest = [name for name in table.columns if name not in moved]
+    at = rest.index(column) + 1
+    return table[[*rest[:at], *moved, *rest[at:]]]
 
 
 def setting_columns(summary: pd.DataFrame) -> pd.DataFrame:

@@ -1,5 +1,5 @@
 """Figures (PNG, matplotlib's Agg backend): the threshold ablation (any verifier's swept setting), the speed-quality Pareto
-front, alpha per depth, margin histograms by outcome, acceptance by margin bin and the fidelity
+front, alpha per depth, each value statistic's histograms by outcome and acceptance by its bin, and the fidelity
 frontier (expected acceptance against KL and TV to the target).
 
 Every figure takes the tidy tables of cells.py / acceptance.py / fidelity.py, never raw records. A figure
@@ -25,7 +25,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from mars_bench.bench.summary import CUT_MARK  # noqa: E402
+from mars_bench.bench.summary import CUT_MARK, RATE, rule_rate_columns  # noqa: E402
 from mars_bench.common.strict_rule import strict_verifier  # noqa: E402
 
 from .cells import NotEnoughData, Sweep, missing_speedups, setting_sweeps  # noqa: E402
@@ -293,28 +293,30 @@ def _conflicts(boxes: np.ndarray, taken: Taken, xy: np.ndarray, centre: np.ndarr
     return overlaps + covers + crosses
 
 
-ABLATION_PANELS = [  # (metric, y label, with its CI)
+ABLATION_PANELS = [  # (metric, y label, with its CI); then a panel per rate of a statistic the verifiers declare
     ("speedup", "speedup over AR baseline (x)", True),
     ("tau", "tau (tokens per target forward)", False),
     ("score", "task score (mean per prompt)", True),
-    ("trigger_rate", "trigger rate (share of verified positions)", False),
 ]
 SWEPT = "_swept"  # the column holding a row's value of the swept setting, in the figures' own tables
 
 
 def threshold_ablation(summary: pd.DataFrame, path: Path) -> Path:
-    """Speedup, tau, score and trigger rate against a verifier's swept setting (``cells.setting_sweeps``: the one
-    setting that differs between its cells, a number), a column of panels per such verifier sharing its x axis
-    (named ``verifier: setting``), one line per task (and baseline conditions); the strict verifier of each task
+    """Speedup, tau, score and the rate of each count statistic the verifiers declare (``summary.rule_rates``: the
+    trigger rate of ``mars``) against a verifier's swept setting (``cells.setting_sweeps``: the one setting that
+    differs between its cells, a number), a column of panels per such verifier sharing its x axis (named
+    ``verifier: setting``), one line per task (and baseline conditions); the strict verifier of each task
     (``strict_verifier`` of its temperature) as a dashed line of the same colour. A metric none of the sweeps'
-    cells has (no score, no trigger) gets no panel; the speedup always has one, saying why where it is missing."""
+    cells has (no score, no statistic) gets no panel; the speedup always has one, saying why where it is missing."""
     sweeps = setting_sweeps(summary)
     if not sweeps:
         raise NotEnoughData("the threshold ablation needs a verifier whose cells differ in one setting only, "
                             "a number at two or more values")  # fmt: skip
     strict = summary[summary["verifier"] == summary["temperature"].map(strict_verifier)]
     cells = pd.concat([summary[sweep.values(summary).notna()] for sweep in sweeps])
-    panels = [panel for panel in ABLATION_PANELS if panel[0] == "speedup" or cells[panel[0]].notna().any()]
+    rates = [(column, f"{column.removesuffix(RATE)} rate (share of verified positions)", False)
+             for column in rule_rate_columns(cells)]  # fmt: skip
+    panels = [panel for panel in [*ABLATION_PANELS, *rates] if panel[0] == "speedup" or cells[panel[0]].notna().any()]
     figure, axes = plt.subplots(len(panels), len(sweeps), sharex="col", squeeze=False,
                                 figsize=(6.4 * len(sweeps), 2.2 * len(panels) + 0.7), layout="constrained")  # fmt: skip
     swept = pd.concat([_sweep_panels(axes[:, column], summary, sweep, strict, panels) for column, sweep in enumerate(sweeps)])
@@ -340,7 +342,7 @@ def _sweep_panels(axes: np.ndarray, summary: pd.DataFrame, sweep: Sweep, strict:
             errors = _error_bars(group[metric], group[f"{metric}_ci_low"], group[f"{metric}_ci_high"]) if with_ci else None
             axis.errorbar(group[SWEPT], group[metric], yerr=errors, marker="o", capsize=3, color=color,
                           label=f"{sweep.verifier}, {where}")  # fmt: skip
-            if len(reference) and metric != "trigger_rate":
+            if len(reference) and not metric.endswith(RATE):  # a statistic's rate: the strict rule has none
                 axis.axhline(reference[metric].iloc[0], color=color, linestyle="--", linewidth=1,
                              label=f"{reference['verifier'].iloc[0]} (strict), {where}")  # fmt: skip
     _speedup_reference(axes[0])
@@ -525,7 +527,7 @@ def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
             axis.grid(alpha=0.3)
     lowest = pd.concat([alpha["alpha_ci_low"], alpha["alpha"]]).min()
     bottom = max(0.0, np.floor(lowest * 10) / 10) if pd.notna(lowest) else 0.0
-    axes[0][0].set_ylim(bottom - 0.01, 1.01)  # a margin at both ends, so that a point at 0 or 1 shows whole
+    axes[0][0].set_ylim(bottom - 0.01, 1.01)  # room at both ends, so that a point at 0 or 1 shows whole
     axes[1][0].set_ylim(0, alpha["reached"].max() * 1.08)
     axes[0][0].set_ylabel("alpha_d = accepted / reached at depth d", fontsize=9)
     axes[1][0].set_ylabel("drafts reaching depth d", fontsize=9)
@@ -538,9 +540,10 @@ def alpha_by_depth(alpha: pd.DataFrame, path: Path) -> Path:
     return _save(figure, path)
 
 
-def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path:
-    """Distribution of z2 / z1 at strict accepts, relaxed accepts and rejections, per method (by short key,
-    the key table beside the figure); a dotted line at the lowest margin where the method relaxed (where
+def value_histograms(table: pd.DataFrame, statistic: str, path: Path) -> Path:
+    """Distribution of a value statistic (``acceptance.positions``) at strict accepts, relaxed accepts and
+    rejections, per method (by short key, the key table beside the figure), between its pooled 1st and 99th
+    percentiles (values beyond drawn at them); a dotted line at the lowest value where the method relaxed (where
     that lies on the axis). Each panel's legend, with its counts, right of it."""
     keys = short_keys(table["label"].astype(str))
     labels = sorted(keys, key=lambda label: _by_key((label, keys[label])))
@@ -548,16 +551,19 @@ def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path
     rows_count = -(-len(labels) // columns)
     size = (6.2 * columns, 3.0 * rows_count)
     figure, axes = plt.subplots(rows_count, columns, figsize=size, squeeze=False, sharex=True, layout="constrained")
-    bins = np.linspace(low, 1.0, 26)
+    finite = table["value"][np.isfinite(table["value"])]
+    low, high = (float(finite.quantile(0.01)), float(finite.quantile(0.99))) if len(finite) else (0.0, 1.0)
+    high = high if high > low else low + 1.0
+    bins = np.linspace(low, high, 26)
     colors = {"strict accept": "tab:green", "relaxed accept": "tab:orange", "rejected": "tab:red"}
     for axis, label in zip(axes.flat, labels):
-        rows = table[(table["label"] == label)].dropna(subset=["margin"])
+        rows = table[(table["label"] == label)].dropna(subset=["value"])
         for outcome, color in colors.items():
-            margins = rows.loc[rows["outcome"] == outcome, "margin"].clip(low, 1.0)
-            if len(margins):
-                axis.hist(margins, bins=bins, histtype="step", linewidth=1.5, color=color, label=f"{outcome} (n={len(margins)})")
-        relaxed = rows.loc[rows["outcome"] == "relaxed accept", "margin"]
-        if len(relaxed) and relaxed.min() >= low:  # where the verifier began to relax, whichever its rule
+            values = rows.loc[rows["outcome"] == outcome, "value"].clip(low, high)
+            if len(values):
+                axis.hist(values, bins=bins, histtype="step", linewidth=1.5, color=color, label=f"{outcome} (n={len(values)})")
+        relaxed = rows.loc[rows["outcome"] == "relaxed accept", "value"]
+        if len(relaxed) and low <= relaxed.min() <= high:  # where the verifier began to relax, whichever its rule
             axis.axvline(relaxed.min(), color="black", linestyle=":", linewidth=1, label=f"lowest relaxed {relaxed.min():.3g}")
         _log_counts(axis)
         axis.set_title(keys[label], fontsize=9)
@@ -566,18 +572,19 @@ def margin_histograms(table: pd.DataFrame, path: Path, low: float = 0.5) -> Path
     for axis in axes.flat[len(labels) :]:
         axis.remove()
     for axis in axes[-1]:
-        axis.set_xlabel("margin z2 / z1")
+        axis.set_xlabel(statistic)
     for axis in axes[:, 0]:
         axis.set_ylabel("verified positions (log)")
-    _suptitle(figure, f"Margin statistic by verification outcome, all tasks pooled (margins below {low} drawn at {low})"
-                    f"\n{_title(table)}", fontsize=9)  # fmt: skip
+    _suptitle(figure, f"Statistic {statistic} by verification outcome, all tasks pooled (values beyond its 1st and 99th "
+                    f"percentiles, {low:.3g} and {high:.3g}, drawn at them)\n{_title(table)}", fontsize=9)  # fmt: skip
     write_key(path, "each panel's setting", ["key", "setting"], [[keys[label], label] for label in labels])
     return _save(figure, path)
 
 
-def acceptance_by_margin_plot(binned: pd.DataFrame, path: Path) -> Path:
-    """Acceptance rate of verified positions per margin bin, per method (by short key, the key table beside
-    the figure; one line per temperature where there are several; tasks pooled), with counts."""
+def acceptance_by_value_plot(binned: pd.DataFrame, statistic: str, path: Path) -> Path:
+    """Acceptance rate of verified positions per bin of a value statistic (``acceptance.acceptance_by_value``), per
+    method (by short key, the key table beside the figure; one line per temperature where there are several;
+    tasks pooled), with counts."""
     pooled = binned.assign(accepted=binned["positions"] * binned["acceptance_rate"], series=_series(binned))
     pooled = pooled.groupby(["series", "bin_low", "bin_high"], as_index=False)[["positions", "accepted"]].sum()
     pooled["acceptance_rate"] = pooled["accepted"] / pooled["positions"]
@@ -588,7 +595,8 @@ def acceptance_by_margin_plot(binned: pd.DataFrame, path: Path) -> Path:
     edges = sorted(set(pooled["bin_low"]) | set(pooled["bin_high"]))
     finite = [e for e in edges if np.isfinite(e)]
     order = {edge: i for i, edge in enumerate(sorted(set(pooled["bin_low"])))}
-    names = [f"<{finite[0]:g}" if not np.isfinite(low) else (f">={low:g}" if not np.isfinite(high) else f"{low:g}-{high:g}")
+    names = [(f"<{finite[0]:g}" if finite else "all") if not np.isfinite(low) else
+             (f">={low:g}" if not np.isfinite(high) else f"{low:g}-{high:g}")
              for low, high in sorted(set(zip(pooled["bin_low"], pooled["bin_high"])))]  # fmt: skip
     for (color, style), name in zip(_line_looks(), sorted(keys, key=lambda name: _by_key((name, keys[name])))):
         rows = pooled[pooled["series"] == name]
@@ -602,8 +610,8 @@ def acceptance_by_margin_plot(binned: pd.DataFrame, path: Path) -> Path:
     _log_counts(count_axis)
     count_axis.grid(alpha=0.3)
     count_axis.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-    count_axis.set_xlabel("margin bin z2 / z1")
-    _suptitle(figure, f"Acceptance by margin, all tasks pooled\n{_title(binned)}", fontsize=9)
+    count_axis.set_xlabel(f"bin of {statistic}")
+    _suptitle(figure, f"Acceptance by {statistic}, all tasks pooled\n{_title(binned)}", fontsize=9)
     _write_series_key(path, keys)
     return _save(figure, path)
 
@@ -633,7 +641,7 @@ def _pool_rules(table: pd.DataFrame) -> pd.DataFrame:
 def _kl_axis(axis: Axes, values: pd.Series) -> None:
     """Fit ``axis``'s x axis to KL per position: linear from 0 where the positive values span a decade or
     less, else symlog with its linear stretch (where lossless rules sit, at 0) ending just below the
-    smallest of them; either way ending a margin beyond the largest, so that the points fill the panel."""
+    smallest of them; either way ending a little room beyond the largest, so that the points fill the panel."""
     positive = values[values > KL_ZERO].dropna()
     if positive.empty:
         axis.set_xlim(-1e-4, 1e-3)
@@ -647,14 +655,14 @@ def _kl_axis(axis: Axes, values: pd.Series) -> None:
         axis.xaxis.set_major_locator(FixedLocator([0.0, *decades]))  # none inside the linear stretch, where they crowd 0
 
 
-def _fit_limits(axis: Axes, values: pd.Series, which: str, margin: float = 0.08) -> None:
-    """``axis``'s ``which`` ("x" or "y") limits around ``values`` with ``margin`` of their span at each end
+def _fit_limits(axis: Axes, values: pd.Series, which: str, room: float = 0.08) -> None:
+    """``axis``'s ``which`` ("x" or "y") limits around ``values`` with ``room`` of their span at each end
     (bound lines drawn beyond them are cut at the edge)."""
     values = values.dropna()
     if values.empty:
         return
     low, high = float(values.min()), float(values.max())
-    pad = margin * max(high - low, 0.01 * max(abs(high), 1e-3))
+    pad = room * max(high - low, 0.01 * max(abs(high), 1e-3))
     (axis.set_xlim if which == "x" else axis.set_ylim)(low - pad, high + pad)
 
 

@@ -25,15 +25,16 @@ from mars_bench.bench.records import (
     legacy_setting_fields,
     read_rows,
 )
+from mars_bench.bench.summary import with_rule_statistics
 from mars_bench.common.kernels import EARLIER_KERNELS
 from mars_bench.common.settings import setting_string
 
 OPTIONAL = {"temperature": 0.0, "score": None, "drafted": 0, "accepted": 0, "relaxed": 0,
-            "trigger_count": None, "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
+            "verified_positions": 0, "draft_length": "fixed", "schema_version": 1,
             "disturbed": False, **dict.fromkeys(BASELINE_CONDITIONS), "batch_size": 1, "backend": EARLIER_BACKEND,
             "kernels": EARLIER_KERNELS}  # fmt: skip
 POOLED = ["model", "task", "temperature"]  # rows that every table would put together, unless their conditions differ
-PER_POSITION = ("accepted_per_depth", "reached_per_depth", "margins", "reasons", "step_accepted", "step_drafted",
+PER_POSITION = ("accepted_per_depth", "reached_per_depth", "reasons", "step_accepted", "step_drafted",
                 "step_draft_s", "step_target_s", "engine_step_s", "engine_step_rows")
 
 
@@ -103,7 +104,8 @@ def gather_runs(folders: list[str | Path]) -> Gathered:
     for column in PER_POSITION:  # rows from failed cells, or older writers, may lack them
         frame[column] = frame[column].map(lambda v: v if isinstance(v, list) else []) if column in frame else [[]] * len(frame)
     frame["question_id"] = frame["question_id"].astype(str)  # ids are ints in some sets, strings in others
-    return Gathered(name_conditions(name_drafter_settings(upgrade_old_records(frame, list(legacy)))), left_out)
+    frame = with_rule_statistics(upgrade_old_records(frame, list(legacy)))
+    return Gathered(name_conditions(name_drafter_settings(frame)), left_out)
 
 
 def manifest(records: Path) -> dict:
@@ -157,8 +159,9 @@ def upgrade_old_records(frame: pd.DataFrame, legacy: list[str]) -> pd.DataFrame:
     described = frame.pop("manifest_setting") if "manifest_setting" in frame else pd.Series(None, index=frame.index, dtype=object)
     if old.any():
         values = frame.reindex(columns=legacy).astype(object)
-        frame["trigger_count"] = frame["trigger_count"].astype(object)
-        frame.loc[old & values.isna().all(axis=1), "trigger_count"] = None
+        if "trigger_count" in frame:  # read as the statistic ``trigger`` (records.rule_statistics)
+            frame["trigger_count"] = frame["trigger_count"].astype(object)
+            frame.loc[old & values.isna().all(axis=1), "trigger_count"] = None
         fallback = [setting_string({key: value for key, value in row.items() if pd.notna(value)})
                     for row in values.to_dict("records")]  # fmt: skip
         if "verifier_setting" not in frame:

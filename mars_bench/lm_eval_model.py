@@ -35,7 +35,7 @@ from mars_bench.decoding.tally import DecodeTally
 from mars_bench.drafting import drafter_needs_model, drafter_settings
 from mars_bench.drafting.batched import check_batch_drafter
 from mars_bench.method import MethodSpec
-from mars_bench.verification import verifier_settings
+from mars_bench.verification import WINDOW, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
 
 LOG = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ def lm_eval_spec(drafter: str, verifier: str, settings: dict[str, Any]) -> Metho
     drafter's and verifier's own settings, sorted as each declares them. Any other key is refused in
     one line that names the allowed ones; ``None``/``null`` mean None."""
     drafter_keys = {item.name for item in fields(drafter_settings(drafter))}
-    verifier_keys = {item.name for item in fields(verifier_settings(verifier))}
+    verifier_keys = {item.name for item in fields(verifier_settings(verifier))} | {WINDOW}  # and its exact-first window
     unknown = sorted(set(settings) - drafter_keys - verifier_keys - LENGTH_KEYS - SAMPLING_KEYS - LM_EVAL_ARGS)
     if unknown:
         allowed = ", ".join(sorted(drafter_keys | verifier_keys)) or "none"

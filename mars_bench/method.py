@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from mars_bench.common.settings import label_items, label_values, setting_string
+from mars_bench.common.settings import label_items, label_values, setting_string, values_label
 from mars_bench.decoding.draft_length import DraftLength, DraftLengthSettings, draft_length_policy
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import build_settings, drafter_for, drafter_needs_model, drafters_with_stops, is_tree_drafter
@@ -22,7 +22,7 @@ from mars_bench.drafting import drafter_settings as drafter_settings_class
 from mars_bench.drafting.draft_vocab import check_count_file
 from mars_bench.drafting.stop import DraftStop
 from mars_bench.drafting.tree import TreeShape
-from mars_bench.verification import Verifier, get_verifier
+from mars_bench.verification import WINDOW, Verifier, get_verifier, with_exact_first
 from mars_bench.verification import verifier_settings as verifier_settings_class
 from mars_bench.verification.sampling import SamplingParams
 
@@ -46,7 +46,8 @@ class MethodSpec:
     drafter: a registered drafter name (``none``: the autoregressive baseline); drafter_settings:
     its settings (an instance of ``drafter_settings(drafter)``). length: the draft-length policy
     and its keys (gamma, max_gamma, min_confidence, draft_cost). verifier: a registered verifier name, None
-    for the baseline; verifier_settings: an instance of ``verifier_settings(verifier)``.
+    for the baseline; verifier_settings: an instance of ``verifier_settings(verifier)``; exact_first: the window
+    wrapped around a lossy verifier (``verification.exact_first``; 0: none).
     sampling: temperature, top_p and top_k, shared by drafter and verifier.
     Build one from keys by name with ``MethodSpec.create`` (or ``method_spec(cfg)`` in the app).
     """
@@ -57,6 +58,7 @@ class MethodSpec:
     verifier: str | None = None
     verifier_settings: Any = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    exact_first: int = 0
 
     @classmethod
     def create(
@@ -69,8 +71,11 @@ class MethodSpec:
         length: DraftLengthSettings | None = None,
         sampling: SamplingParams | None = None,
     ) -> MethodSpec:
-        """The spec from settings by name (unset ones at their defaults), every value checked."""
-        built_verifier = None if verifier is None else get_verifier(verifier, **(verifier_settings or {}))
+        """The spec from settings by name (unset ones at their defaults; ``exact_first`` among the verifier's: the
+        window around it), every value checked."""
+        own = {key: value for key, value in (verifier_settings or {}).items() if key != WINDOW}
+        window = (verifier_settings or {}).get(WINDOW, 0)
+        built_verifier = None if verifier is None else with_exact_first(get_verifier(verifier, **own), window)
         return cls(
             drafter=drafter,
             drafter_settings=build_settings(drafter, **(drafter_settings or {})),
@@ -78,6 +83,7 @@ class MethodSpec:
             verifier=verifier,
             verifier_settings=None if built_verifier is None else built_verifier.params,
             sampling=sampling or SamplingParams(),
+            exact_first=window if built_verifier is not None else 0,
         )
 
     def __post_init__(self) -> None:
@@ -130,11 +136,16 @@ class MethodSpec:
             check_tree_judges(self.drafter, {self.verifier: self.build_verifier()} if self.verifier else {})
         if getattr(self.drafter_settings, "token_counts", None):
             check_count_file(self.drafter_settings.token_counts)
+        if self.exact_first:
+            if self.verifier is None:
+                raise ValueError(f"{WINDOW}={self.exact_first} is invalid for the baseline, which verifies nothing: allowed is 0")
+            self.build_verifier()  # a lossless verifier takes no window
 
     def build_verifier(self) -> Verifier | None:
+        """The verifier with its settings, inside its exact-first window where ``exact_first`` is set."""
         if self.verifier is None:
             return None
-        return get_verifier(self.verifier, **dataclasses.asdict(self.verifier_settings))
+        return with_exact_first(get_verifier(self.verifier, **dataclasses.asdict(self.verifier_settings)), self.exact_first)
 
     def build_drafter(self, target: Any, draft_model: Any = None, *, head: Any = None, tokenizer: Any = None) -> Any:
         """The drafter for ``target`` (None for the baseline); ``draft_model``: the separate draft model
@@ -164,5 +175,13 @@ class MethodSpec:
 
     @property
     def verifier_values(self) -> dict[str, Any]:
-        """The verifier's settings as labels carry them (empty for the baseline)."""
-        return {} if self.verifier_settings is None else label_values(self.verifier_settings)
+        """The verifier's settings as labels carry them, then its window where it has one (empty for the baseline):
+        what ``build_verifier().describe()`` gives but the name."""
+        if self.verifier_settings is None:
+            return {}
+        return {**label_values(self.verifier_settings), **({WINDOW: self.exact_first} if self.exact_first else {})}
+
+    @property
+    def verifier_label(self) -> str:
+        """``mars(theta=0.9,guard=never,correction=residual,exact_first=16)``: the verifier as labels name it."""
+        return values_label(str(self.verifier), self.verifier_values)

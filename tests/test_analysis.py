@@ -14,13 +14,20 @@ import pandas as pd
 import pytest
 
 from mars_bench.analysis.__main__ import main
-from mars_bench.analysis.acceptance import acceptance_by_margin, alpha_per_depth, positions, shadow_labels, shadow_table
+from mars_bench.analysis.acceptance import (
+    acceptance_by_value,
+    alpha_per_depth,
+    positions,
+    shadow_labels,
+    shadow_table,
+    value_statistics,
+)
 from mars_bench.analysis.cells import NotEnoughData, method_summary
 from mars_bench.analysis.figures import _drafter_title, pareto, pareto_front
 from mars_bench.analysis.gather import NoRecordsError, gather
 from mars_bench.analysis.quality import quality_table
 from mars_bench.analysis.tables import table1, to_latex, to_markdown
-from mars_bench.bench.records import read_rows
+from mars_bench.bench.records import SCHEMA_VERSION, read_rows
 from mars_bench.bench.stats import bootstrap_mean_ci, bootstrap_ratio_ci, paired_permutation_p
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,15 +153,31 @@ def test_alpha_per_depth_divides_accepted_by_reached(tmp_path):
     assert alpha["depth"].tolist() == [1, 2, 3]
 
 
-def test_positions_are_binned_by_margin_with_their_outcome(tmp_path):
-    table = positions(acceptance_rows(tmp_path))
+def test_positions_are_binned_by_a_value_statistic_with_their_outcome(tmp_path):
+    frame = acceptance_rows(tmp_path)  # a row of schema 1: its margins are the statistic margin
+    assert value_statistics(frame) == ["margin"]
+    table = positions(frame, "margin")
     assert table["outcome"].tolist() == ["strict accept", "relaxed accept", "rejected", "strict accept", "relaxed accept",
                                          "rejected"]  # fmt: skip
-    binned = acceptance_by_margin(table).set_index("bin_low")
-    assert binned.loc[-np.inf, "positions"] == 1 and binned.loc[-np.inf, "acceptance_rate"] == 0  # 0.2
-    assert binned.loc[0.5, "acceptance_rate"] == 1  # 0.5 (bins include their left edge)
-    assert binned.loc[0.9, "positions"] == 1 and binned.loc[0.94, "positions"] == 1 and binned.loc[0.98, "positions"] == 1
-    assert binned["positions"].sum() == 5  # the position without a finite margin is left out
+    binned = acceptance_by_value(table).sort_values("bin_low")
+    assert binned["positions"].sum() == 5  # the position without a finite value is left out
+    assert binned["bin_low"].iloc[0] == -np.inf and binned["bin_high"].iloc[-1] == np.inf  # deciles, open at both ends
+    assert binned["positions"].iloc[0] == 1 and binned["acceptance_rate"].iloc[0] == 0  # 0.2, rejected
+    assert binned["acceptance_rate"].iloc[1:].tolist() == [1.0, 1.0, 1.0, 1.0]  # 0.5, 0.91, 0.95, 0.99: one bin each
+    with pytest.raises(NotEnoughData, match="no verified position carries the statistic entropy"):
+        positions(frame, "entropy")
+
+
+def test_the_statistics_a_verifier_declares_reach_the_tables_by_their_names(tmp_path):
+    new = {"schema_version": SCHEMA_VERSION, "verifier_setting": "entropy=0.3"}
+    fly = record(0, "fly", 10, 1.0, 3, verifier="fly", **new, drafted=4, accepted=3, reasons=[0, 1, 0, 3],
+                 verified_positions=4, rule_counts={"gate": 2}, rule_values={"entropy": [0.1, 0.5, 0.2, None]})
+    write_run(tmp_path / "run", [record(0, "baseline", 10, 2.0, 9, verifier="fly", **new), fly])
+    frame = gather([tmp_path])
+    assert value_statistics(frame) == ["entropy"] and positions(frame, "entropy")["value"].count() == 3
+    summary = method_summary(frame).iloc[0]
+    assert summary["gate_rate"] == pytest.approx(2 / 4) and "trigger_rate" not in summary
+    assert list(summary.index[summary.index.get_loc("relaxed_share") + 1 :][:1]) == ["gate_rate"]
 
 
 def test_the_shadow_table_reports_acceptance_on_identical_drafts(tmp_path):
@@ -335,18 +358,22 @@ def test_a_run_without_shadows_is_written_to_parquet_whole(tmp_path):
     assert not [p for p in out.iterdir() if "partial" in p.name]
 
 
-def test_a_verifier_without_a_trigger_has_no_trigger_rate_but_a_counterfactual_from_its_margins(tmp_path):
+def test_a_verifier_without_a_trigger_has_no_trigger_rate_and_older_rows_keep_their_margins(tmp_path):
     strict = [record(0, "baseline", 10, 2.0, 9, verifier="rejection", theta=None, schema_version=4, verifier_setting=""),
               record(0, "rejection", 10, 1.0, 3, verifier="rejection", theta=None, schema_version=4, verifier_setting="",
-                     trigger_count=None, verified_positions=4, margins=[0.95, 0.5, 1.2, 0.92])]  # fmt: skip
+                     trigger_count=None, verified_positions=4, margins=[0.95, 0.5, 1.2, 0.92], nonpositive_top1=1)]  # fmt: skip
     old = [record(0, "baseline", 10, 2.0, 9, verifier="rejection", theta=None),
            record(0, "rejection", 10, 1.0, 3, verifier="rejection", theta=None, trigger_count=2, verified_positions=4,
-                  margins=[0.95, 0.5, 1.2, 0.92])]  # fmt: skip
+                  margins=[0.95, 0.5, 1.2, 0.92], nonpositive_top1=1)]  # fmt: skip
     write_run(tmp_path / "new", strict)
     write_run(tmp_path / "old", old)  # schema 3 and older counted the paper's rule for every verifier
-    summary = method_summary(gather([tmp_path])).iloc[0]
-    assert np.isnan(summary["trigger_rate"])
-    assert summary["margin_over_0.9"] == pytest.approx(2 / 4)  # 0.95 and 0.92; 1.2 means z1 < 0
+    frame = gather([tmp_path])
+    summary = method_summary(frame).iloc[0]
+    assert "trigger_rate" not in summary and "margin_over_0.9" not in summary
+    assert summary["nonpositive_top1_rate"] == pytest.approx(2 / 8)  # what their writers counted for every verifier
+    method = frame[frame["method"] == "rejection"]
+    assert [values["margin"] for values in method["rule_values"]] == [[0.95, 0.5, 1.2, 0.92]] * 2
+    assert not {"margins", "trigger_count", "nonpositive_top1"} & set(frame.columns)  # read in one place, then gone
 
 
 def test_the_index_gives_its_command_without_this_machines_folders(tmp_path):

@@ -43,15 +43,16 @@ def keys(*overrides: str) -> dict:
 
 def write_rows(folder: Path, questions, *overrides: str, disturbed: bool = False) -> None:
     """Rows as the app writes them for ``OVERRIDES``: per question a baseline (2 s) and a mars row (1 s),
-    10 tokens each, with drafts, margins and reasons; appended where the folder has records (a resume)."""
+    10 tokens each, with drafts, the margin rule's statistics and reasons; appended where the folder has records (a resume)."""
     writer = RecordWriter(folder)
     for question in questions:
         writer.write(Record(**keys(*overrides), question_id=question, category="", turn=1, method="baseline", new_tokens=10,
                             steps=9, decode_s=2.0, score=1.0, disturbed=disturbed))  # fmt: skip
         writer.write(Record(**keys(*overrides), question_id=question, category="", turn=1, method="mars", new_tokens=10,
                             steps=3, decode_s=1.0, score=1.0, disturbed=disturbed, drafted=12, accepted=6,
-                            accepted_per_depth=[3, 2, 1], reached_per_depth=[3, 3, 2], margins=[0.2, 0.95, 0.6, 0.99],
-                            reasons=[0, 1, 0, 3], verified_positions=4, trigger_count=1))  # fmt: skip
+                            accepted_per_depth=[3, 2, 1], reached_per_depth=[3, 3, 2], reasons=[0, 1, 0, 3],
+                            verified_positions=4, rule_counts={"trigger": 1, "nonpositive_top1": 0},
+                            rule_values={"margin": [0.2, 0.95, 0.6, 0.99]}))  # fmt: skip
 
 
 def refuse(folder: Path, *overrides: str) -> str:
@@ -272,9 +273,9 @@ def test_alpha_per_depth_shows_counts_and_intervals_on_an_axis_that_reaches_1(tm
     assert len(rate.collections) >= 1  # the error bars
 
 
-def test_margin_histogram_ticks_are_plain_counts(tmp_path, drawn):
+def test_statistic_histogram_ticks_are_plain_counts(tmp_path, drawn):
     write_rows(tmp_path / "run", range(3))
-    figures.margin_histograms(positions(gather([tmp_path / "run"])), tmp_path / "margins.png")
+    figures.value_histograms(positions(gather([tmp_path / "run"]), "margin"), "margin", tmp_path / "margin_histograms.png")
     axis = drawn[0].axes[0]
     low, high = axis.get_ylim()
     labels = [label.get_text() for label in axis.get_yticklabels() if low <= label.get_position()[1] <= high]

@@ -331,7 +331,9 @@ def test_smoke_records_carry_every_field_and_consistent_counts(smoke):
     for row in rows:
         assert row["new_tokens"] == len(row["output_ids"]) <= 12
         assert row["tau"] > 0 and row["decode_s"] > 0 and row["prefill_s"] > 0
-        assert row["verified_positions"] == len(row["margins"]) == len(row["reasons"])
+        assert row["verified_positions"] == len(row["reasons"])
+        assert all(len(values) == len(row["reasons"]) for values in row["rule_values"].values())
+        assert set(row["rule_values"]) == ({"margin"} if row["method"] == "mars" else set())  # what mars declares
     baseline = next(r for r in rows if r["method"] == "baseline")
     assert baseline["tau"] == 1.0 and baseline["agreement"] is None
 

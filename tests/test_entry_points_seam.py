@@ -77,6 +77,7 @@ def test_the_run_config_of_an_entry_points_method_builds_that_method_as_the_app_
                                                             guesses=3, context_vocab=True),))  # fmt: skip
     specs = [settings.spec(settings.configs()[0], temperature) for temperature in settings.temperatures]
     specs += [lm_eval_spec("layerskip", "mars", {"layers": 3, "theta": 0.8, "length": "schedule", "temperature": 0.7}),
+              lm_eval_spec("model", "mars", {"theta": 0.8, "exact_first": 4}),
               lm_eval_spec("model_tree", "rejection", {"top_k": 2, "tree_tokens": 8, "gamma": 3})]  # fmt: skip
     for spec in specs:
         cfg = backend_config(spec, ModelConfig(target="t", draft_model="d"), "transformers", seed=3)

@@ -29,6 +29,14 @@ assert strictest.tokens == exact.tokens and exact.drafted > 0, (strictest.tokens
 relaxed = decode(model, build_drafter("repeat", copies=3), get_verifier("floor", floor=0.05), prompt,
                  max_new_tokens=20, temperature=1.0, seed=1)
 assert len(relaxed.tokens) == 20 and relaxed.accepted >= 0
+# its statistic, by the name it declares, at every judged depth of both modes
+for result in (strictest, relaxed):
+    assert set(result.rule_counts()) == {"over_floor"} and result.rule_values() == {}
+    assert all(len(step.flags["over_floor"]) == len(step.reasons) for step in result.steps)
+loose = decode(model, build_drafter("repeat", copies=3), get_verifier("floor", floor=1e-9), prompt,
+               max_new_tokens=20, temperature=1.0, seed=1)
+assert loose.rule_counts()["over_floor"] == sum(len(step.reasons) for step in loose.steps) > 0  # every draft over it
+assert strictest.rule_counts()["over_floor"] == 0
 try:
     get_verifier("floor", floor=0.0)
 except ValueError as error:

@@ -16,7 +16,7 @@ from conftest import run_config
 
 from mars_bench.common.settings import parse_label, plugin_label
 from mars_bench.config.checks import check_run_config
-from mars_bench.config.method import shadow_verifiers, verifier_params
+from mars_bench.config.method import method_spec, shadow_verifiers
 from mars_bench.verification import MarsParams, Reason, VerifyInput, batch_steps, get_verifier
 from mars_bench.verification.emission import fidelity
 from mars_bench.verification.mars import margin_trigger
@@ -65,7 +65,7 @@ def test_guard_none_relaxes_two_negative_logits_where_the_guards_do_not(sampling
         assert verdicts({"theta": theta, "guard": "none", "sampling": "securesd"}, step) == {((0,), 0)}
     for guard, fires in (("none", True), ("never", False), ("gap", False)):
         decisions = get_verifier("mars", guard=guard).verify(step, generator=torch.Generator().manual_seed(0)).decisions
-        assert decisions.triggered.tolist() == [fires]
+        assert decisions.statistics["trigger"].tolist() == [fires]
     # the guards leave the runner-up to the strict test: p(1) = e^-2 / (1 + e^-2 + 3 e^-19) = 0.12 (0 when greedy)
     for guard in ("never", "gap"):
         assert ((), 0) in verdicts({"guard": guard}, step, seeds=range(40))
@@ -87,9 +87,9 @@ def test_guard_none_at_a_zero_top_logit_divides_as_ieee_floats_do(z1, z2, ratio,
     step = chain([margin_row(z1, z2), margin_row(2.0, 0.0)], [1])
     verdict = get_verifier("mars", guard="none").verify(step)
     assert verdict.accepted_len == int(relaxes) and verdict.next_token == 0
-    margin = float(verdict.decisions.margin[0])
+    margin = float(verdict.decisions.statistics["margin"][0])
     assert (math.isnan(margin) and math.isnan(ratio)) or margin == pytest.approx(ratio)
-    assert bool(verdict.decisions.triggered[0]) is relaxes
+    assert bool(verdict.decisions.statistics["trigger"][0]) is relaxes
     one = torch.tensor([z1])
     assert margin_trigger(one, torch.tensor([z2]), 0.9, "none").tolist() == [relaxes]
     assert margin_trigger(one, torch.tensor([z2]), 0.9, "never").tolist() == [False]  # the paper's guard
@@ -149,7 +149,7 @@ def test_raw_margin_logits_relax_to_a_runner_up_that_top_k_filtered():
     assert verdicts({"sampling": "securesd", "margin_logits": "raw"}, step) == {((0,), 1)}
     assert verdicts({"margin_logits": "raw"}, step) == {((0,), 1)}  # the paper's sampling keeps a triggered top-2 draft too
     verdict = get_verifier("mars", margin_logits="raw").verify(step, generator=torch.Generator())
-    assert verdict.decisions.top2_logit.tolist() == [pytest.approx(4.8)]  # the decisions record the logits the rule read
+    assert verdict.decisions.statistics["margin"].tolist() == [pytest.approx(0.96)]  # the margin of the logits the rule read
     emission = get_verifier("mars", **PORT).emission(step)
     p = probabilities(process_logits(step.target_logits, TOP1), TOP1)[emission.rows]
     assert emission.dist[0, 1] == 1.0 and fidelity(emission, p).kl[0] == math.inf  # a token the target never emits
@@ -286,7 +286,7 @@ def test_the_ports_experiment_composes_its_grid_and_judges_every_port_on_the_liv
     for cfg in composed:  # every check the app makes before a model loads
         check_run_config(cfg)
         assert cfg.verifier.name == "mars" and cfg.temperature == 1.0 and cfg.fidelity and cfg.task.max_turns == 1
-    paper, port = (plugin_label("mars", get_verifier("mars", **verifier_params(cfg.verifier)).params) for cfg in composed)
+    paper, port = (method_spec(cfg).verifier_label for cfg in composed)
     assert paper == "mars(theta=0.9,guard=never,correction=residual)"
     assert port == "mars(theta=0.9,guard=none,correction=residual,sampling=securesd)"
     shadows = shadow_verifiers(composed[0])

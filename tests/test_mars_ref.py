@@ -103,7 +103,7 @@ def test_the_trigger_ratio_is_taken_in_float64_as_the_official_python_floats():
     assert in_float64 and not in_float32  # the ratio rounds to float32(0.92) in float32
     step = chain([[z1, z2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], [1], [1.0])  # strict test alone: p(1) = 0.41
     verdicts = run(step, draws=20, theta=theta)
-    assert all(v.decisions.triggered.tolist() == [True] for v in verdicts)
+    assert all(v.decisions.statistics["trigger"].tolist() == [True] for v in verdicts)
     assert all(v.decisions.reasons.tolist() == [Reason.RELAXED] for v in verdicts)
 
 
@@ -130,10 +130,10 @@ def test_top_p_is_applied_before_top_k_as_in_the_official_code():
 
 def test_the_trigger_is_reported_and_fires_nowhere_in_greedy_mode():
     rows = [[-1.0, -3.0, -9.0], [0.0, 0.0, 0.0]]  # raw ratio 3.0 > 0.9: triggered when sampling
-    assert run(chain(rows, [2], [0.5]), draws=1)[0].decisions.triggered.tolist() == [True]
+    assert run(chain(rows, [2], [0.5]), draws=1)[0].decisions.statistics["trigger"].tolist() == [True]
     greedy = VerifyInput(torch.tensor([1]), torch.tensor([-1]), torch.tensor(rows))
     decisions = get_verifier("mars_ref").verify(greedy).decisions
-    assert decisions.triggered.tolist() == [False] and decisions.triggered_count == 0
+    assert decisions.statistics["trigger"].tolist() == [False]
 
 
 def official_acceptance(processed_row: torch.Tensor, draft: int, q: float, theta: float) -> float:
@@ -157,7 +157,7 @@ def check_against_the_official_rule(logits: list[float], sampling: SamplingParam
     expected = official_acceptance(verifier.process(rows, sampling)[0], draft, 1.0, 0.9)
     assert expected in (0.0, 1.0)  # triggered: deterministic
     verdicts = [verifier.verify(step, generator=torch.Generator().manual_seed(seed)) for seed in range(20)]
-    assert all(v.accepted_len == expected and v.decisions.triggered.tolist() == [True] for v in verdicts)
+    assert all(v.accepted_len == expected and v.decisions.statistics["trigger"].tolist() == [True] for v in verdicts)
     assert float(verifier.emission(step).accept[0]) == expected
     return expected
 

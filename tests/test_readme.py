@@ -51,16 +51,15 @@ from mars_bench.bench.manifest import cpu_description
 from mars_bench.bench.records import read_rows
 from mars_bench.bench.run_folder import register_resolvers
 from mars_bench.common.paths import CONF_DIR
-from mars_bench.common.settings import parse_setting, plugin_label
+from mars_bench.common.settings import parse_setting
 from mars_bench.config.checks import check_run_config
-from mars_bench.config.method import shadow_verifiers, verifier_params
+from mars_bench.config.method import method_spec, shadow_verifiers, verifier_params
 from mars_bench.config.overrides import check_override_keys, check_slurm_sweep
 from mars_bench.config.schema import register_configs
 from mars_bench.drafting.stop import GainStop
 from mars_bench.perf.__main__ import parse as perf_options
 from mars_bench.perf.report import header as perf_header
 from mars_bench.perf.suite import DraftConfig, methods_for
-from mars_bench.verification import get_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -416,12 +415,12 @@ def test_the_decomposition_differs_from_the_zoo_only_in_its_configuration(zoo):
 
 def test_a_single_run_with_fidelity(zoo):
     (cfg,) = composed_cells(shown("python -m mars_bench fidelity=true"))
-    live = plugin_label(cfg.verifier.name, get_verifier(cfg.verifier.name, **verifier_params(cfg.verifier)).params)
+    live = method_spec(cfg).verifier_label
     assert cfg.fidelity and [live, *shadow_verifiers(cfg)] == ["mars(theta=0.9,guard=never,correction=residual)", "rejection"]
     (cell,) = cells_below(zoo / "ZOO")  # a run with fidelity records, per position, what its live verifier judged
     for row in (row for row in read_rows(cell / "records.jsonl") if row["method"] != "baseline"):
         costs = fidelity_of(row)
-        assert len(row["position_kl"]) == len(row["margins"]) == costs[next(iter(costs))]["judged"]
+        assert len(row["position_kl"]) == len(row["reasons"]) == costs[next(iter(costs))]["judged"]
 
 
 def test_the_safety_sweep_composes_each_task_with_its_scorer_and_judge():

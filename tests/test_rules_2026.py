@@ -272,5 +272,5 @@ def test_the_defaults_and_what_records_carry():
     for name, settings in described.items():
         verifier = get_verifier(name)
         assert verifier.describe() == {"name": name, **settings}
-        assert not verifier.lossless and not verifier.has_trigger
+        assert not verifier.lossless and not any(statistic.name == "trigger" for statistic in verifier.statistics)
         assert verifier.chains_only == (name != "threshold")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mars_bench.bench.records import SCHEMA_VERSION
 from mars_bench.bench.stats import bootstrap_ratio_ci, mean_rate_ratio, throughput_ratio
 from mars_bench.bench.summary import format_table, summarise
 
@@ -55,6 +56,32 @@ def test_a_verifier_without_a_trigger_reports_no_trigger_rate():
     assert summary["trigger_rate"].isna()[["baseline", "rejection"]].all()
     assert summary.loc["mars", "trigger_rate"] == pytest.approx(3 / 12)
     assert "| c | rejection | 1 |" in format_table(summarise(rows)) and "| - |" in format_table(summarise(rows))
+
+
+def test_each_count_statistic_a_verifier_declares_has_its_rate_and_older_rows_read_as_the_same_statistics():
+    new = {"schema_version": SCHEMA_VERSION}
+    rows = [row(0, "baseline", 100, 10.0, 99, **new),
+            row(0, "mars", 100, 5.0, 33, **new, rule_counts={"trigger": 3, "nonpositive_top1": 1}, verified_positions=12),
+            row(1, "baseline", 50, 5.0, 49, **new),
+            row(1, "mars", 50, 4.0, 7, **new, rule_counts={"trigger": 1, "nonpositive_top1": 0}, verified_positions=4),
+            row(0, "fly", 100, 5.0, 30, cell="f", verifier="fly", **new, rule_counts={"gate": 5}, verified_positions=10),
+            row(0, "baseline", 100, 10.0, 99, cell="f", **new)]  # fmt: skip
+    summary = summarise(rows).set_index("method")
+    assert summary.loc["mars", "trigger_rate"] == pytest.approx(4 / 16)
+    assert summary.loc["mars", "nonpositive_top1_rate"] == pytest.approx(1 / 16) and np.isnan(summary.loc["mars", "gate_rate"])
+    assert summary.loc["fly", "gate_rate"] == pytest.approx(0.5) and np.isnan(summary.loc["fly", "trigger_rate"])
+    assert list(summary.columns[summary.columns.get_loc("relaxed") + 1 :][:3]) == ["trigger_rate", "nonpositive_top1_rate",
+                                                                                     "gate_rate"]  # fmt: skip
+    table = format_table(summarise(rows))
+    assert "| rule statistics (rate) |" in table and "| trigger 0.250, nonpositive_top1 0.062 |" in table
+    assert "| gate 0.500 |" in table
+    # rows of schema 14 and older carry the margin rule's counters under their own names: the same statistics
+    old = [{key: value for key, value in r.items() if key not in ("rule_counts", "schema_version")} for r in rows[:4]]
+    old[1] |= {"trigger_count": 3, "nonpositive_top1": 1}
+    old[3] |= {"trigger_count": 1, "nonpositive_top1": 0}
+    older = summarise(old).set_index("method")
+    assert older.loc["mars", "trigger_rate"] == summary.loc["mars", "trigger_rate"]
+    assert older.loc["mars", "nonpositive_top1_rate"] == summary.loc["mars", "nonpositive_top1_rate"]
 
 
 def test_no_rows_give_an_empty_summary_not_a_traceback():

@@ -84,7 +84,8 @@ def test_a_depth_where_every_child_fails_is_reported_once():
     verdict = get_verifier("exact").verify(step([2, 3], [-1, -1], logits))
     assert verdict.accepted_len == 0 and verdict.next_token == 4
     assert verdict.decisions.reasons.tolist() == [Reason.REJECTED]
-    assert verdict.decisions.top1_logit.tolist() == [5.0]
+    decisions = get_verifier("mars").verify(step([2, 3], [-1, -1], logits)).decisions
+    assert decisions.reasons.tolist() == [Reason.REJECTED] and decisions.statistics["margin"].tolist() == [0.0]  # row 0's
 
 
 # Root row: t1 = 3 (logit 10), t2 = 2 (logit 9.5), margin 0.95 > 0.9: relaxation fires.

@@ -47,7 +47,9 @@ def test_registry_lists_the_shipped_verifiers():
     assert {"exact", "rejection", "mars", "mars_ref", "typical"} <= set(available_verifiers())
     assert get_verifier("exact").lossless and get_verifier("rejection").lossless
     assert not get_verifier("mars").lossless and not get_verifier("mars_ref").lossless
-    assert {name for name in available_verifiers() if get_verifier(name).has_trigger} == {"mars", "mars_ref"}
+    declared = {name: [item.name for item in get_verifier(name).statistics] for name in available_verifiers()}
+    assert {name for name, names in declared.items() if "trigger" in names} == {"mars", "mars_ref"}
+    assert declared["fly"] == ["entropy", "gate"] and declared["bild"] == ["rollback"] and declared["exact"] == []
 
 
 @pytest.mark.parametrize(
@@ -78,7 +80,7 @@ def test_settings_are_normalised_and_frozen():
     verifier = get_verifier("mars", theta=1, guard="gap")
     assert verifier.describe() == {"name": "mars", "theta": 1.0, "guard": "gap", "correction": "residual"}
     assert isinstance(verifier.params.theta, float)
-    assert issubclass(verifier_settings("mars"), MarsParams) and MarsParams(theta=None).theta is None  # plus exact_first
+    assert verifier_settings("mars") is MarsParams and MarsParams(theta=None).theta is None  # nothing added to it
     with pytest.raises(dataclasses.FrozenInstanceError):
         verifier.params.theta = 0.5  # type: ignore[misc]
 
@@ -129,7 +131,8 @@ def test_mars_greedy_relaxes_the_runner_up_exactly_when_the_margin_holds(z1, z2,
     step = step_from([margin_row(z1, z2), margin_row(1.0, 0.0)], [1], GREEDY)
     verdict = get_verifier("mars", theta=0.9, guard=guard).verify(step)
     assert verdict.accepted_len == int(relaxes)
-    assert verdict.decisions.triggered.tolist() == [relaxes]
+    assert verdict.decisions.statistics["trigger"].tolist() == [relaxes]
+    assert verdict.decisions.statistics["nonpositive_top1"].tolist() == [z1 <= 0]
     assert verdict.decisions.reasons.tolist() == [Reason.RELAXED if relaxes else Reason.REJECTED]
     assert verdict.next_token == 0  # bonus argmax of row 1, or the correction argmax of row 0
 
@@ -143,8 +146,8 @@ def test_mars_never_accepts_rank_three_or_lower():
 def test_mars_records_the_margin_statistic():
     step = step_from([margin_row(10.0, 9.5), margin_row(1.0, 0.0)], [0])
     decisions = get_verifier("mars").verify(step).decisions
-    assert decisions.margin.tolist() == pytest.approx([0.95])
-    assert decisions.top1_logit.tolist() == [10.0] and decisions.top2_logit.tolist() == [9.5]
+    assert decisions.statistics["margin"].tolist() == pytest.approx([0.95])
+    assert decisions.statistics["margin"].dtype == torch.float32 and decisions.statistics["trigger"].dtype == torch.bool
 
 
 @pytest.mark.parametrize(("name", "settings"), [("exact", {}), ("mars", {"theta": None}), ("mars", {}), ("mars_ref", {})])
@@ -282,11 +285,12 @@ def test_mars_reports_its_trigger_per_visited_depth():
     for settings in ({}, {"guard": "gap"}):
         decisions = get_verifier("mars", **settings).verify(step_from(rows, [1, 1])).decisions
         assert decisions.reasons.tolist() == [Reason.RELAXED, Reason.REJECTED]
-        assert decisions.triggered.tolist() == [True, False] and decisions.triggered_count == 1
+        assert decisions.statistics["trigger"].tolist() == [True, False]
+        assert decisions.statistics["margin"].tolist() == pytest.approx([0.95, 0.5])
     off = get_verifier("mars", theta=None).verify(step_from(rows, [0, 0])).decisions
-    assert off.triggered.tolist() == [False, False] and off.triggered_count == 0
+    assert off.statistics["trigger"].tolist() == [False, False]
     sampled = get_verifier("mars").verify(step_from(rows, [1, 1], SAMPLE), generator=torch.Generator().manual_seed(0))
-    assert sampled.decisions.triggered.tolist()[0] is True
+    assert sampled.decisions.statistics["trigger"].tolist()[0] is True
 
 
 def test_mars_reports_the_trigger_of_the_rows_a_tree_walk_visits():
@@ -295,14 +299,14 @@ def test_mars_reports_the_trigger_of_the_rows_a_tree_walk_visits():
     step = VerifyInput(torch.tensor([3, 1, 4]), torch.tensor([-1, -1, 1]), torch.tensor(rows))
     decisions = get_verifier("mars").verify(step).decisions
     assert decisions.reasons.tolist() == [Reason.RELAXED, Reason.REJECTED]
-    assert decisions.triggered.tolist() == [True, False]
+    assert decisions.statistics["trigger"].tolist() == [True, False]
 
 
 @pytest.mark.parametrize("name", ["exact", "rejection", "typical"])
-def test_verifiers_without_a_trigger_report_none(name):
+def test_verifiers_that_declare_no_statistic_report_none(name):
     step = step_from([margin_row(10.0, 9.5), margin_row(1.0, 0.0)], [1], SAMPLE)
     decisions = get_verifier(name).verify(step, generator=torch.Generator().manual_seed(0)).decisions
-    assert decisions.triggered is None and decisions.triggered_count is None
+    assert get_verifier(name).statistics == () and decisions.statistics == {}
 
 
 def test_reason_codes_import_without_torch():
@@ -330,10 +334,10 @@ UNKNOWN_STRICT = "unknown verifier 'strict': allowed are bild, cascade, exact, f
         (lambda: get_verifier("mars", guard="clip"), "guard='clip' is invalid: allowed are never, gap"),
         (lambda: get_verifier("mars", correction="argmax"), "correction='argmax' is invalid"),
         (lambda: get_verifier("typical", delta=0), r"delta=0 is invalid: allowed is a number in \(0, 1\]"),
-        (lambda: get_verifier("mars", thet=0.9), "^verifier mars has no setting 'thet': allowed are theta, .*gate, exact_first$"),
+        (lambda: get_verifier("mars", thet=0.9), "^verifier mars has no setting 'thet': allowed are theta, .*, entropy_gate$"),
         (
             lambda: get_verifier("mars_ref", guard="gap"),
-            "^verifier mars_ref has no setting 'guard': allowed are theta, exact_first$",
+            "^verifier mars_ref has no setting 'guard': allowed are theta$",
         ),
         (lambda: get_verifier("exact", theta=0.9), "^verifier exact has no setting 'theta': allowed are none$"),
         (lambda: get_verifier("rejection", a=1, b=2), "^verifier rejection has no settings 'a', 'b': allowed are none$"),

@@ -13,7 +13,7 @@ from conftest import examples_on_every_core
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mars_bench.verification import VerifyInput, available_verifiers, get_verifier
+from mars_bench.verification import COUNT, VerifyInput, available_verifiers, get_verifier
 from mars_bench.verification.sampling import SamplingParams, probabilities
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors
@@ -64,10 +64,10 @@ def well_formed(step: VerifyInput, verifier, verdict) -> None:
     assert math.isfinite(float(processed[count, verdict.next_token]))  # never a filtered token
     decisions = verdict.decisions
     assert len(decisions.reasons) == min(count + 1, n) and decisions.reasons.dtype == torch.long
-    if verifier.has_trigger:
-        assert decisions.triggered.dtype == torch.bool and len(decisions.triggered) == len(decisions.reasons)
-    else:
-        assert decisions.triggered is None
+    assert list(decisions.statistics) == [statistic.name for statistic in verifier.statistics]  # what it declares
+    for statistic in verifier.statistics:
+        found = decisions.statistics[statistic.name]
+        assert found.dtype == (torch.bool if statistic.kind == COUNT else torch.float32) and len(found) == len(decisions.reasons)
 
 
 @pytest.mark.slow  # FUZZ_CASES inputs per verifier, half on each core

@@ -20,7 +20,7 @@ import torch
 from conftest import SHARED_DATA, app, fake_python, needs_vllm, python_m, run_config
 from scipy.stats import chi2_contingency
 
-from mars_bench.backends.vllm import decode_result
+from mars_bench.backends.vllm import decode_result, step_record
 from mars_bench.config.checks import check_run_config
 from mars_bench.decoding.fidelity import PositionCosts, sequence_costs, step_costs
 from mars_bench.serving import vllm_plugin
@@ -35,7 +35,7 @@ from mars_bench.serving.vllm_plugin import (
     vllm_step,
 )
 from mars_bench.serving.vllm_versions import CPU_TESTED
-from mars_bench.serving.vllm_worker import EngineSteps, aside_by_request
+from mars_bench.serving.vllm_worker import EngineSteps, aside_by_request, steps_by_request
 from mars_bench.verification import Reason, VerifyInput, get_verifier
 from mars_bench.verification.sampling import SamplingParams
 
@@ -179,6 +179,14 @@ def test_the_plugin_traces_each_requests_costs_as_step_costs_on_its_own_step(gre
         assert costs_match(traced, expected)
     assert line["fidelity"][1] is None and (line["fidelity"][0][0]["kl"] is None) == greedy
     assert line["fidelity_s"][0] > 0 and line["fidelity_s"][2] > 0 and line["aside_s"] >= sum(line["fidelity_s"])
+    # the statistics the live verifier declares, by name, per judged depth (none where a request drafted nothing),
+    # and as our engine's step records carry them
+    assert line["flags"][1] == {"trigger": [], "nonpositive_top1": []} and line["values"][1] == {"margin": []}
+    assert [len(values["margin"]) for values in line["values"]] == [len(reasons) for reasons in line["reasons"]]
+    traced = steps_by_request([{**line, "req_ids": ["0-x", "1-x", "2-x"]}])
+    records = [step_record(traced[key][0]) for key in ("0", "1", "2")]
+    assert [record.flags for record in records] == line["flags"]
+    assert [record.values for record in records] == line["values"]  # finite here: JSON's None would read as NaN
 
 
 def test_fidelity_under_vllms_own_rule_is_refused_in_one_line(monkeypatch):
@@ -418,17 +426,16 @@ def test_mars_verdicts_on_vllms_steps_equal_our_verdicts_on_the_same_logits_and_
     relaxed = sum(step["relaxed"] for result in answer["results"] for step in result["steps"])
     steps = dumped_steps(spec_worker)
     assert steps and relaxed > 0  # the margin rule kept drafts the strict rule would not
-    # What the verifier reports per judged depth reaches the records as our engine's rows carry it: the trigger
-    # count and the verified positions behind the summary's trigger rate.
+    # What the verifier reports per judged depth reaches the records as our engine's rows carry it: the statistics
+    # mars declares, by name (the trigger count and the verified positions behind the summary's trigger rate).
     results = [decode_result(result, len(prompt), ()) for result, prompt in zip(answer["results"], prompts)]
     records = [step for result in results for step in result.steps if step.drafted]
-    assert all(len(s.top1_logits) == len(s.top2_logits) == len(s.margins) == len(s.reasons) == len(s.triggered)
-               for s in records)  # fmt: skip
-    assert all(s.top1_logits[d] >= s.top2_logits[d] for s in records for d in range(len(s.reasons)))
-    assert all(sum(s.triggered) >= s.relaxed for s in records)  # a relaxed draft needs the trigger
-    assert all(s.triggered[d] == (s.top1_logits[d] > 0 and s.top2_logits[d] > 0.5 * s.top1_logits[d])
-               for s in records for d in range(len(s.reasons)))  # the rule's own test, on the traced logits  # fmt: skip
-    assert sum(result.trigger_count for result in results) == sum(sum(s.triggered) for s in records) > 0
+    assert all(set(s.flags) == {"trigger", "nonpositive_top1"} and set(s.values) == {"margin"} for s in records)
+    assert all(len(s.values["margin"]) == len(s.reasons) == len(s.flags["trigger"]) for s in records)
+    assert all(sum(s.flags["trigger"]) >= s.relaxed for s in records)  # a relaxed draft needs the trigger
+    assert all(s.flags["trigger"][d] == (not s.flags["nonpositive_top1"][d] and s.values["margin"][d] > 0.5)
+               for s in records for d in range(len(s.reasons)))  # the rule's own test, on the traced margin  # fmt: skip
+    assert sum(result.rule_counts()["trigger"] for result in results) == sum(sum(s.flags["trigger"]) for s in records) > 0
     for saved in steps:
         for b, alone in enumerate(own_steps(saved["step"])):
             verdict = mars.verify(alone)

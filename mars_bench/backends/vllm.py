@@ -349,9 +349,8 @@ def step_record(step: dict[str, Any]) -> StepRecord:
     costs = step.get("fidelity")
     nan = lambda values: [math.nan if value is None else value for value in values]  # noqa: E731  (JSON's None)
     return StepRecord(drafted=step["drafted"], accepted=step["accepted"], relaxed=step["relaxed"], next_token=step["next"],
-                      emitted=step["accepted"] + 1, reasons=step["reasons"], margins=nan(step.get("margins", [])),
-                      top1_logits=nan(step.get("top1", [])), top2_logits=nan(step.get("top2", [])),
-                      triggered=step.get("triggered"),
+                      emitted=step["accepted"] + 1, reasons=step["reasons"], flags=step.get("flags", {}),
+                      values={name: nan(found) for name, found in step.get("values", {}).items()},
                       shadow_accepted=step.get("shadow_accepted", []),
                       fidelity=None if costs is None else [PositionCosts(**cost) for cost in costs],
                       fidelity_s=step.get("fidelity_s", 0.0))  # fmt: skip

@@ -50,11 +50,13 @@ def label(name: str, settings: dict[str, Any], overridden: set[str]) -> str:
 
 def verifier_label(*, _root_: Any) -> str:
     """``${verifier_label:}``: the configured verifier's name with each of its settings that this job's
-    overrides set (``label``). The settings are the fields of the verifier's registered settings class."""
-    from mars_bench.verification import verifier_settings
+    overrides set (``label``). The settings are the fields of the verifier's registered settings class, then its
+    exact-first window (``verification.WINDOW``)."""
+    from mars_bench.verification import WINDOW, verifier_settings
 
     verifier = _root_[GROUP]
-    settings = {item.name: verifier[item.name] for item in fields(verifier_settings(verifier.name)) if item.name in verifier}
+    keys = [*(item.name for item in fields(verifier_settings(verifier.name))), WINDOW]
+    settings = {key: verifier[key] for key in keys if key in verifier}
     overrides = OmegaConf.select(_root_, "hydra.overrides.task", default=None) or []
     return label(str(verifier.name), settings, overridden_keys([str(item) for item in overrides]))
 

@@ -22,7 +22,7 @@ RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
 BASELINE = "baseline"  # the ``method`` of the autoregressive baseline rows
 BUDGET = "max_new_tokens"  # the ``stop_reason`` of an answer cut at the token budget (it did not finish)
-SCHEMA_VERSION = 15  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
+SCHEMA_VERSION = 16  # 2: shadow_accepted, baseline_from, draft_length; 3: drafter_setting;
 # 4: verifier_setting, trigger_count from the verifier's own rule (None where it has none);
 # 5: fidelity (per verifier: exact acceptance, KL and TV against the target), fidelity_s, position_*;
 # 6: other_cpu_s, other_load, other_gpu_util, disturbed, retimed (contention while the row was timed);
@@ -38,8 +38,11 @@ SCHEMA_VERSION = 15  # 2: shadow_accepted, baseline_from, draft_length; 3: draft
 # 13: engine_step_s, engine_step_rows (a serving engine's own steps: what the cost model reads for backend=vllm)
 # 14: own_engine (the backend's Backend.own_engine: this package's engine decoded the row; ``own_engine`` reads older rows)
 # 15: judge (a safety scorer's judge, a baseline condition), safety (its verdicts, and against the baseline: refusal_kept)
+# 16: rule_counts, rule_values (the statistics the verifier declares, by their names) in place of trigger_count,
+#     nonpositive_top1 and margins (``rule_statistics`` reads older rows)
 SETTINGS_AS_FIELDS_UNTIL = 6  # the last schema whose rows carried verifier settings as fields (``legacy_setting_fields``)
-RETIRED_LATER: tuple[str, ...] = ()  # fields retired after schema 7, none yet: no reader takes them for verifier settings
+OLD_RULE_FIELDS = ("trigger_count", "nonpositive_top1", "margins")  # retired by schema 16; ``rule_statistics`` reads them
+RETIRED_LATER = OLD_RULE_FIELDS  # the fields retired after schema 7, which no reader takes for verifier settings
 
 # What fixes a baseline's output, its score and its timing conditions besides its prompt: config keys
 # that every record carries under these names. Rows that agree on them (and on question and turn) have
@@ -104,7 +107,11 @@ class Record:
     engine_step_s: list[float] = field(default_factory=list)
     engine_step_rows: list[int] = field(default_factory=list)
     shadow_accepted: dict[str, list[int]] = field(default_factory=dict)  # shadow verifier -> drafts kept per drafting step
-    trigger_count: int | None = None  # verified positions where the verifier's own trigger fired; None: it has none
+    # the statistics the live verifier declares (verification.base.Statistic), by name: per count statistic, the
+    # verified positions where it happened; per value statistic, its value per verified position (aligned with
+    # ``reasons``; None where not finite). Empty for a verifier that declares none, and for the baseline.
+    rule_counts: dict[str, int] = field(default_factory=dict)
+    rule_values: dict[str, list[float | None]] = field(default_factory=dict)
     # fidelity=true: per verifier label (the live one first, then each shadow), its costs summed over the
     # sequence (decoding/fidelity.py: positions, accept, kl, tv, draft_tv, expected_accepted, judged, ...)
     fidelity: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -113,8 +120,6 @@ class Record:
     position_kl: list[float | None] = field(default_factory=list)  # KL(P_V || p) per verified position (empty: greedy)
     position_tv: list[float] = field(default_factory=list)  # TV(P_V, p) per verified position
     verified_positions: int = 0
-    nonpositive_top1: int = 0  # verified positions with z1 <= 0
-    margins: list[float | None] = field(default_factory=list)  # z2 / z1 per verified position
     reasons: list[int] = field(default_factory=list)  # Reason code per verified position
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -178,6 +183,36 @@ def decoded_by_own_engine(row: Mapping[str, Any]) -> bool:
     (schema 13 and before), whether its backend was ``EARLIER_BACKEND``, the one backend that ran this engine
     then (a ``vllm`` row reads False)."""
     return bool(row["own_engine"]) if "own_engine" in row else row.get("backend", EARLIER_BACKEND) == EARLIER_BACKEND
+
+
+RULE_STATISTICS_FROM = 15  # the first schema whose rows carry rule_counts and rule_values
+
+
+def rule_statistics(row: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, list[float | None]]]:
+    """``row``'s verifier statistics by name: its ``rule_counts`` and ``rule_values``. The one place that reads rows
+    older than ``RULE_STATISTICS_FROM``: their writers kept, for every verifier, the margin z2 / z1 per verified
+    position (``margins``) and the positions with z1 <= 0 (``nonpositive_top1``), and the trigger count of a
+    verifier with a trigger (``trigger_count``, None otherwise): here the statistics ``margin``,
+    ``nonpositive_top1`` and ``trigger`` that the margin rules declare now."""
+    if row.get("schema_version", 1) >= RULE_STATISTICS_FROM:
+        counts, values = row.get("rule_counts"), row.get("rule_values")
+        return dict(counts) if isinstance(counts, Mapping) else {}, dict(values) if isinstance(values, Mapping) else {}
+    counts: dict[str, int] = {}
+    values: dict[str, list[float | None]] = {}
+    if present(row.get("trigger_count")):
+        counts["trigger"] = int(row["trigger_count"])
+    if present(row.get("nonpositive_top1")) and row.get("verified_positions"):
+        counts["nonpositive_top1"] = int(row["nonpositive_top1"])
+    margins = row.get("margins")
+    if isinstance(margins, (list, tuple)) and margins:
+        values["margin"] = [float(value) if present(value) and math.isfinite(value) else None for value in margins]
+    return counts, values
+
+
+
+def present(value: Any) -> bool:
+    """Whether a field read back holds a value (not None, not a table's NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def finite_or_none(value: float) -> float | None:

@@ -8,8 +8,8 @@ from typing import Any
 
 from mars_bench.backends.base import PreparedMethod
 from mars_bench.bench.baseline_cache import baseline_conditions
-from mars_bench.bench.records import BUDGET, SCHEMA_VERSION, Record, finite_or_none
-from mars_bench.common.settings import plugin_label, setting_string
+from mars_bench.bench.records import BUDGET, RECORD_FIELDS, SCHEMA_VERSION, Record, finite_or_none
+from mars_bench.common.settings import setting_string
 from mars_bench.config.tuning import own_engine
 from mars_bench.decoding.trace import DecodeResult
 from mars_bench.drafting import drafter_needs_model
@@ -92,8 +92,9 @@ class RowBuilder:
     def copied_baseline(self, row: dict[str, Any]) -> Record:
         """A baseline row another cell of the sweep decoded, as this cell's record."""
         copied = {"baseline_from": row["baseline_from"] or row["cell"], "schema_version": SCHEMA_VERSION,
-                  "trigger_count": None}  # a baseline verifies nothing (rows cached by schema 3 say 0)  # fmt: skip
-        return Record(**{**row, **self.keys, **copied})  # fields the cached row lacks take their defaults
+                  "rule_counts": {}, "rule_values": {}}  # a baseline verifies nothing  # fmt: skip
+        kept = {key: value for key, value in row.items() if key in RECORD_FIELDS}  # older rows' retired fields go
+        return Record(**{**kept, **self.keys, **copied})  # fields the cached row lacks take their defaults
 
     def record(self, question: Question, turn: int, method: PreparedMethod, prompt: list[int], result: DecodeResult,
                batch: dict[str, Any]) -> Record:  # fmt: skip
@@ -101,8 +102,7 @@ class RowBuilder:
         answer = cut_at_stop_string(self.tokenizer.decode(result.tokens, skip_special_tokens=True), self.stop_strings)
         phases = result.phase_seconds()
         accepted, reached = result.accepted_per_depth()
-        z1 = [z for step in result.steps for z in step.top1_logits]
-        margins = [r for step in result.steps for r in step.margins]
+        reasons = [r for step in result.steps for r in step.reasons]
         return Record(
             **self.keys,
             question_id=question.question_id,
@@ -125,12 +125,11 @@ class RowBuilder:
             engine_step_s=result.engine_step_s,
             engine_step_rows=result.engine_step_rows,
             shadow_accepted=dict(zip(self.shadows, result.shadow_accepted(len(self.shadows)))) if method.judged else {},
-            trigger_count=result.trigger_count,
+            rule_counts=result.rule_counts(),
+            rule_values={name: [finite_or_none(float(v)) for v in found] for name, found in result.rule_values().items()},
             **self.fidelity_fields(method, result),
-            verified_positions=len(z1),
-            nonpositive_top1=sum(z <= 0 for z in z1),
-            margins=[finite_or_none(float(r)) for r in margins],
-            reasons=[r for step in result.steps for r in step.reasons],
+            verified_positions=len(reasons),
+            reasons=reasons,
             prefill_s=result.prefill_s,
             decode_s=result.decode_s,
             draft_s=phases["draft"],
@@ -147,11 +146,11 @@ class RowBuilder:
 
     def fidelity_fields(self, method: PreparedMethod, result: DecodeResult) -> dict[str, Any]:
         """The record's fidelity columns: per verifier label its summed costs, the time they took
-        and the live verifier's costs per verified position (aligned with ``margins``)."""
+        and the live verifier's costs per verified position (aligned with ``reasons``)."""
         measured = [step for step in result.steps if step.fidelity is not None]
         if not method.judged or not measured:
             return {}
-        labels = [plugin_label(method.spec.verifier, method.spec.verifier_settings), *self.shadows]
+        labels = [method.spec.verifier_label, *self.shadows]
         live = [step.fidelity[0] for step in measured]
         costs: dict[str, Any] = {}
         for label, summed in zip(labels, result.fidelity()):

@@ -2,8 +2,8 @@
 
 Method rows are paired with baseline rows of the same prompt; a paired set gives speed (the
 throughput ratio with a paired bootstrap 95% CI, and the paper's mean-of-rates convention),
-tau (pooled, and the mean of per-request values beside it), acceptance, the verifier's own
-trigger rate and the score with its CI.
+tau (pooled, and the mean of per-request values beside it), acceptance, the rate of each count
+statistic the verifier declares (``rule_rates``: ``trigger_rate`` of ``mars``) and the score with its CI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mars_bench.bench.records import BASELINE, BUDGET
+from mars_bench.bench.records import BASELINE, BUDGET, OLD_RULE_FIELDS, rule_statistics
 from mars_bench.bench.stats import (
     bootstrap_mean_ci,
     bootstrap_ratio_ci,
@@ -92,6 +92,43 @@ def tau_request_mean(rows: pd.DataFrame) -> float:
     return float((stepped["emitted"] / stepped["steps"]).mean()) if len(stepped) else np.nan
 
 
+RATE = "_rate"  # a count statistic's rate is the column ``<name>_rate``
+PAIRED_RATES = ("acceptance_rate", "speedup_mean_rate")  # summarise_paired's own rates, which no statistic's may take
+
+
+def rule_rates(rows: pd.DataFrame) -> dict[str, float]:
+    """Per count statistic the rows' verifier declares (their ``rule_counts``), ``<name>_rate``: the verified
+    positions where it happened over the verified positions of the rows that report it; none for a verifier
+    that declares none. Every verifier's relaxed share is ``relaxed_share`` beside it."""
+    if "rule_counts" not in rows:
+        return {}
+    counts = [value if isinstance(value, dict) else {} for value in rows["rule_counts"]]
+    rates = {}
+    for name in dict.fromkeys(name for found in counts for name in found):
+        if name + RATE in PAIRED_RATES:
+            raise ValueError(f"statistic {name!r} is invalid: its rate would be the column {name + RATE}, "
+                             f"which the summary has already")  # fmt: skip
+        having = [name in found for found in counts]
+        counted = sum(found[name] for found in counts if name in found)
+        rates[name + RATE] = ratio(counted, rows.loc[having, "verified_positions"].sum())
+    return rates
+
+
+def rule_rate_columns(table: pd.DataFrame) -> list[str]:
+    """The columns of a summary table (``summarise``, or the analysis's per setting) that are ``rule_rates``."""
+    return [column for column in table.columns if column.endswith(RATE) and column not in PAIRED_RATES]
+
+
+def with_rule_statistics(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (rows as records hold them, of any schema) with ``rule_counts`` and ``rule_values`` as the current
+    schema has them (``records.rule_statistics``, which reads older rows) and the older rows' fields for them gone."""
+    found = [rule_statistics(row) for row in frame.to_dict("records")]
+    frame = frame.drop(columns=[name for name in OLD_RULE_FIELDS if name in frame])
+    frame["rule_counts"] = [counts for counts, _ in found]
+    frame["rule_values"] = [values for _, values in found]
+    return frame
+
+
 def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False, include_cut: bool = False) -> dict[str, Any]:
     """Speed, acceptance and quality of one method's rows (one per prompt), with the columns ``*_base``
     of the baseline row of the same prompt (NaN where that baseline failed or is missing).
@@ -99,8 +136,8 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False, includ
     The speedups use the prompts that have a baseline, less those where the method's or the
     baseline's timing was disturbed by other processes (``disturbed``: how many; kept with
     ``include_disturbed``); tok/s uses the rows whose own timing was not disturbed (all with
-    ``include_disturbed``); everything else uses every row. trigger_rate counts the rows whose
-    verifier reports a trigger (``trigger_count`` not null): NaN for a verifier without one.
+    ``include_disturbed``); everything else uses every row. The rate of each count statistic the verifier
+    declares (``rule_rates``, from ``rule_counts``) follows ``relaxed_share``; a verifier without any has none.
     ``finished`` counts the answers that ended on a stop (of ``answers`` whose ending is known), ``scored_cut``
     the scored answers cut at the token budget (a score over them measures the budget too); the score change
     against the baseline (``score_change``) uses the prompts where both answers finished, or with
@@ -120,7 +157,6 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False, includ
     ending = rows["finished"].dropna()
     scored_cut = int(cut_answers(rows.loc[rows["score"].notna(), "finished"]).sum()) if "score" in rows else 0
     score_low, score_high = bootstrap_mean_ci(scores)
-    counted = rows[rows["trigger_count"].notna()] if "trigger_count" in rows else rows.iloc[:0]
     accepted = rows["accepted"].sum()
     return {
         "prompts": len(rows),
@@ -141,7 +177,7 @@ def summarise_paired(rows: pd.DataFrame, include_disturbed: bool = False, includ
         "acceptance_rate": ratio(accepted, rows["drafted"].sum()),
         "relaxed": int(rows["relaxed"].sum()),
         "relaxed_share": ratio(rows["relaxed"].sum(), accepted),
-        "trigger_rate": ratio(counted["trigger_count"].sum(), counted["verified_positions"].sum()) if len(counted) else np.nan,
+        **rule_rates(rows),
         "agreement": rows["agreement"].mean() if "agreement" in rows and rows["agreement"].notna().any() else np.nan,
         "score": scores.mean() if len(scores) else np.nan,
         "score_ci_low": score_low,
@@ -164,9 +200,10 @@ def pair_with_baseline(methods: pd.DataFrame, baselines: pd.DataFrame, on: list[
 
 TERMINAL = ["cell", "method", "verifier", "verifier_setting", "prompts", "disturbed", "tokens", "tok_per_s", "speedup",
             "speedup_ci_low", "speedup_ci_high", "speedup_mean_rate", "speedup_note", "tau", "tau_request_mean", "relaxed",
-            "trigger_rate", "agreement", "score", "score_ci_low", "score_ci_high", "answers", "finished", "scored_cut",
+            "agreement", "score", "score_ci_low", "score_ci_high", "answers", "finished", "scored_cut",
             "score_change", "score_change_ci_low", "score_change_ci_high", "score_change_p", "score_change_prompts",
             "score_change_cut", "batch_size", "latency_mean_s", "latency_p50_s", "latency_p90_s", "latency_speedup"]  # fmt: skip
+# (summarise puts the verifiers' rule_rates after relaxed)
 CUT_MARK = "†"  # marks a score over answers cut at the token budget; cut_note says what it means
 
 
@@ -231,14 +268,14 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False, inclu
     frame = pd.DataFrame(rows)
     if frame.empty or "status" not in frame or not (frame["status"] == "ok").any():
         return pd.DataFrame()
-    frame = finished(frame)
+    frame = finished(with_rule_statistics(frame))
     out = []
     for cell, cell_rows in frame.groupby("cell", sort=False):
         base = cell_rows[cell_rows["method"] == BASELINE]
         for method, group in cell_rows.groupby("method", sort=False):
             summary = summarise_paired(pair_with_baseline(group, base, PROMPT, how="left"), include_disturbed, include_cut)
             if method == BASELINE:  # compared with itself: no change to report
-                summary |= {"agreement": 1.0, "trigger_rate": np.nan, "score_change": np.nan, "score_change_ci_low": np.nan,
+                summary |= {"agreement": 1.0, "score_change": np.nan, "score_change_ci_low": np.nan,
                             "score_change_ci_high": np.nan, "score_change_p": np.nan}  # fmt: skip
             setting = {"verifier": BASELINE, "verifier_setting": ""} if method == BASELINE else {
                 "verifier": group["verifier"].iloc[0], "verifier_setting": recorded_setting(group)}  # fmt: skip
@@ -247,7 +284,8 @@ def summarise(rows: list[dict[str, Any]], include_disturbed: bool = False, inclu
             out.append({"cell": cell, "method": method, **setting, **summary, "batch_size": batch_size})
     table = pd.DataFrame(out)
     table["speedup_note"] = speedup_notes(table)
-    return table[TERMINAL]
+    at = TERMINAL.index("relaxed") + 1
+    return table[[*TERMINAL[:at], *rule_rate_columns(table), *TERMINAL[at:]]]
 
 
 def recorded_setting(rows: pd.DataFrame) -> str:
@@ -291,24 +329,32 @@ def format_table(summary: pd.DataFrame, disturbed: list[str] = (), included: boo
     table's ``disturbed`` column counts the prompts each speedup leaves out (counts, with
     ``include_disturbed``); a missing speedup gives its reason in its place (``speedup_note``). ``finished``
     counts the answers that ended on a stop; a score over cut answers is marked (``cut_note``), and a method's
-    score change against its baseline counts the prompts where both finished (all with ``include_cut``)."""
+    score change against its baseline counts the prompts where both finished (all with ``include_cut``). The
+    rates of the verifiers' count statistics share one column (``trigger 0.266``; ``-`` for a verifier without)."""
     if summary.empty:
         return "no finished rows to summarise"
     lines = [
         "| cell | method | prompts | disturbed | tok/s | speedup [95% CI] | speedup (mean of rates) "
-        "| tau | tau (mean per request) | trigger rate | agreement | finished | score | score change vs baseline [95% CI] |",
+        "| tau | tau (mean per request) | rule statistics (rate) | agreement | finished | score "
+        "| score change vs baseline [95% CI] |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def fmt(value: Any, pattern: str = "{:.2f}") -> str:
         return "-" if value is None or pd.isna(value) else pattern.format(value)
 
+    rates = rule_rate_columns(summary)
+
+    def rule_text(row: dict[str, Any]) -> str:
+        shown = [f"{column.removesuffix(RATE)} {fmt(row[column], '{:.3f}')}" for column in rates if pd.notna(row[column])]
+        return ", ".join(shown) or "-"
+
     for row in summary.to_dict("records"):
         ci = row.get("speedup_note") or f"{fmt(row['speedup'])}x [{fmt(row['speedup_ci_low'])}, {fmt(row['speedup_ci_high'])}]"
         lines.append(
             f"| {row['cell']} | {row['method']} | {row['prompts']} | {row['disturbed']} | {fmt(row['tok_per_s'])} | {ci} | "
             f"{fmt(row['speedup_mean_rate'], '{:.2f}x')} | {fmt(row['tau'])} | {fmt(row['tau_request_mean'])} | "
-            f"{fmt(row['trigger_rate'], '{:.3f}')} | {fmt(row['agreement'], '{:.3f}')} | "
+            f"{rule_text(row)} | {fmt(row['agreement'], '{:.3f}')} | "
             f"{finished_text(row['finished'], row['answers'])} | {marked_score(row['score'], row['scored_cut'])} | "
             f"{change_text(row)} |"
         )

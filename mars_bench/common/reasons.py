@@ -13,6 +13,6 @@ class Reason(IntEnum):
     """Why a drafted node was accepted or rejected at a visited depth."""
 
     EXACT = 0  # the target's own choice (argmax in greedy, the strict rule otherwise)
-    RELAXED = 1  # accepted only because of a lossy rule (margin, typical)
+    RELAXED = 1  # accepted only because of a lossy rule's relaxation
     SAMPLED = 2  # accepted by a random acceptance test (min(1, p/q))
     REJECTED = 3

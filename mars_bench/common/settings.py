@@ -55,7 +55,11 @@ def label_items(settings_class: type, values: dict[str, Any]) -> dict[str, Any]:
 def plugin_label(name: str, settings: Any) -> str:
     """``name(key=value,...)``, or the bare name for a plugin without settings: how records name a
     shadow verifier and the fidelity of each verifier."""
-    values = label_values(settings)
+    return values_label(name, label_values(settings))
+
+
+def values_label(name: str, values: dict[str, Any]) -> str:
+    """``name(key=value,...)`` from the values labels carry (``label_values``), or the bare name without any."""
     return name + (f"({setting_string(values)})" if values else "")
 
 

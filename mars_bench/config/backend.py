@@ -23,7 +23,8 @@ def backend_config(spec: MethodSpec, model: ModelConfig, backend: str = "transfo
         raise ValueError("backend_config needs a method with a verifier: allowed are the registered verifiers' specs")
     drafter_node = PLUGIN_GROUPS["drafter"].schema(spec.drafter)
     drafter = drafter_node(**dataclasses.asdict(spec.length), **dataclasses.asdict(spec.drafter_settings))
-    verifier = PLUGIN_GROUPS["verifier"].schema(spec.verifier)(**dataclasses.asdict(spec.verifier_settings))
+    verifier_node = PLUGIN_GROUPS["verifier"].schema(spec.verifier)
+    verifier = verifier_node(**dataclasses.asdict(spec.verifier_settings), exact_first=spec.exact_first)
     sampling = spec.sampling
     run = RunConfig(model=model, drafter=drafter, verifier=verifier, temperature=sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, backend=backend, **keys)  # fmt: skip

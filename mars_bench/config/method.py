@@ -6,11 +6,18 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from mars_bench.common.settings import parse_label, plugin_label
+from mars_bench.common.settings import parse_label, values_label
 from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.drafting import drafter_settings
 from mars_bench.method import MethodSpec
-from mars_bench.verification import available_verifiers, get_verifier, verifier_settings
+from mars_bench.verification import (
+    WINDOW,
+    available_verifiers,
+    get_verifier,
+    verifier_from_settings,
+    verifier_settings,
+    with_exact_first,
+)
 from mars_bench.verification.sampling import SamplingParams
 
 
@@ -20,8 +27,8 @@ def plugin_settings(settings_class: type, config: Any) -> dict[str, Any]:
 
 
 def verifier_params(verifier: Any) -> dict[str, Any]:
-    """The settings the named verifier takes, from the ``verifier`` config node."""
-    return plugin_settings(verifier_settings(verifier.name), verifier)
+    """The settings the named verifier takes, from the ``verifier`` config node, and its window (``WINDOW``)."""
+    return {**plugin_settings(verifier_settings(verifier.name), verifier), WINDOW: verifier.get(WINDOW, 0)}
 
 
 def drafter_params(drafter: Any) -> dict[str, Any]:
@@ -56,8 +63,9 @@ def configured_spec(cfg: Any) -> MethodSpec | None:
 def shadow_verifiers(cfg: Any) -> dict[str, Any]:
     """label -> Verifier for each entry of ``cfg.shadow``: a name (``mars``) takes the settings that
     the live verifier shares with it (its own, for a shadow of the live verifier; ``theta`` of a live
-    ``mars_ref`` for a ``mars`` shadow), the rest at its defaults; a spec with settings (``mars(theta=0.8)``,
-    ``tv_budget(eps=0.05)``) sets those and leaves the rest at the verifier's defaults.
+    ``mars_ref`` for a ``mars`` shadow) and, a lossy rule, the live verifier's ``exact_first`` window, the rest at
+    its defaults; a spec with settings (``mars(theta=0.8)``, ``tv_budget(eps=0.05)``, ``mars(exact_first=16)``)
+    sets those and leaves the rest at the verifier's defaults.
 
     The label is the name with its settings: ``mars(theta=0.9,guard=never,correction=residual)``."""
     shadows = {}
@@ -65,13 +73,15 @@ def shadow_verifiers(cfg: Any) -> dict[str, Any]:
         name, settings = parse_label(str(spec))
         if name not in available_verifiers():
             raise ValueError(f"shadow verifier {name!r} is unknown: allowed are {', '.join(available_verifiers())}")
-        if not settings:
-            settings = plugin_settings(verifier_settings(name), cfg.verifier)
         try:
-            verifier = get_verifier(name, **settings)
+            if settings:
+                verifier = verifier_from_settings(name, settings)
+            else:
+                rule = get_verifier(name, **plugin_settings(verifier_settings(name), cfg.verifier))
+                verifier = rule if rule.lossless else with_exact_first(rule, cfg.verifier.get(WINDOW, 0))
         except (TypeError, ValueError) as error:
             raise ValueError(f"shadow {spec!r}: {error}") from None
-        label = plugin_label(name, verifier.params)
+        label = values_label(name, {key: value for key, value in verifier.describe().items() if key != "name"})
         if label in shadows:
             raise ValueError(f"shadow {spec!r} repeats {label}: each shadow verifier must differ")
         shadows[label] = verifier

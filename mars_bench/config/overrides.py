@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from mars_bench.common.paths import CONF_DIR
 from mars_bench.config.schema import PLUGIN_GROUPS, RunConfig
+from mars_bench.verification import WINDOW, get_verifier
 
 
 def allowed_keys(group: str) -> str:
@@ -37,13 +38,19 @@ def check_override_keys(overrides: list[str]) -> None:
         plugins = PLUGIN_GROUPS[group]
         if key not in plugins.keys():
             raise ValueError(f"{group}.{key} is not a {group} setting: allowed are {allowed_keys(group)}")
-        common = {item.name for item in fields(plugins.common)}
         for name in chosen_plugins(group, overrides):
             own = [item.name for item in fields(plugins.settings_of(name))] if name in plugins.names() else None
-            if own is not None and key not in common and key not in own:
-                allowed = [*(item.name for item in fields(plugins.common) if item.name != "name"), *own]
+            if own is not None and key != "name" and key not in common_keys(group, name) and key not in own:
+                allowed = [*common_keys(group, name), *own]
                 words = f"allowed are {', '.join(allowed)}" if allowed else f"{group}={name} takes no settings"
                 raise ValueError(f"{group}.{key} is not a setting of {group}={name}: {words}")
+
+
+def common_keys(group: str, name: str) -> list[str]:
+    """The keys of the group's common node that plugin ``name`` takes besides its name: every one, except the
+    exact-first window of a lossless verifier (which is lossless at every token already)."""
+    keys = [item.name for item in fields(PLUGIN_GROUPS[group].common) if item.name != "name"]
+    return [key for key in keys if not (group == "verifier" and key == WINDOW and get_verifier(name).lossless)]
 
 
 def chosen_plugins(group: str, overrides: list[str]) -> list[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mars_bench.common.settings import plugin_label
 from mars_bench.config.tuning import own_engine
 from mars_bench.method import MethodSpec
 
@@ -29,6 +28,6 @@ def run_line(cfg: Any, spec: MethodSpec | None) -> str:
     drafter, verifier = cfg.drafter.name, cfg.verifier.name
     if spec is not None:
         drafter = f"{drafter}(length={spec.length.length},{spec.drafter_setting})"
-        verifier = plugin_label(verifier, spec.verifier_settings)
+        verifier = spec.verifier_label
     return (f"mars_bench: model={cfg.model.name} drafter={drafter} verifier={verifier} task={cfg.task.name} "
             f"temperature={cfg.temperature:g} batch_size={cfg.batch_size}; {tuning_words(cfg)}")  # fmt: skip

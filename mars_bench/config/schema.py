@@ -75,9 +75,11 @@ class DrafterCommon:
 
 @dataclass
 class VerifierCommon:
-    """The verifier's name; its settings are declared once, by the verifier (``verifier_settings(name)``)."""
+    """The verifier's name and its exact-first window; its settings are declared once, by the verifier
+    (``verifier_settings(name)``)."""
 
     name: str = "mars"
+    exact_first: int = 0  # the window wrapped around a lossy verifier: its first L tokens judged losslessly (0: none)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from mars_bench.drafting.batched import drafts_for
 from mars_bench.models.kvcache import BatchCache, check_tree_attention, padded_rows
 from mars_bench.models.placement import input_device
 from mars_bench.verification import Verdict, Verifier, VerifyInput, batch_steps, get_verifier
+from mars_bench.verification.base import statistic_lists
 from mars_bench.verification.sampling import SamplingParams, choose_tokens
 
 StopWhen = Callable[[list[int]], bool]
@@ -437,10 +438,11 @@ class _Batch:
         """The step record of one row (``verdict`` None: no row drafted, its token was chosen from its logits)."""
         draft_s, target_s, verify_s = seconds
         if verdict is None:
-            triggered = [] if getattr(self.verifier, "has_trigger", False) else None
-            return StepRecord(0, 0, 0, next_token, emitted, triggered=triggered, draft_s=draft_s, target_s=target_s,
+            flags, values = statistic_lists(getattr(self.verifier, "statistics", ()), None)
+            return StepRecord(0, 0, 0, next_token, emitted, flags=flags, values=values, draft_s=draft_s, target_s=target_s,
                               verify_s=verify_s)  # fmt: skip
         decisions = verdict.decisions
+        flags, values = statistic_lists(self.verifier.statistics, decisions.statistics)
         return StepRecord(
             drafted=0 if draft is None else len(draft),
             accepted=verdict.accepted_len,
@@ -448,10 +450,8 @@ class _Batch:
             next_token=next_token,
             emitted=emitted,
             reasons=decisions.reasons.tolist(),
-            margins=decisions.margin.tolist(),
-            top1_logits=decisions.top1_logit.tolist(),
-            top2_logits=decisions.top2_logit.tolist(),
-            triggered=None if decisions.triggered is None else decisions.triggered.tolist(),
+            flags=flags,
+            values=values,
             shadow_accepted=aside.shadow_accepted,
             fidelity=aside.costs,
             fidelity_s=aside.fidelity_s,

@@ -19,10 +19,10 @@ class StepRecord:
     next_token: int
     emitted: int  # tokens committed by this step after stop / budget cuts
     reasons: list[int] = field(default_factory=list)  # Reason code per visited depth
-    margins: list[float] = field(default_factory=list)  # z2 / z1 per visited depth
-    top1_logits: list[float] = field(default_factory=list)  # largest target logit per visited depth
-    top2_logits: list[float] = field(default_factory=list)  # runner-up logit per visited depth
-    triggered: list[bool] | None = None  # per visited depth: did the verifier's own trigger fire (None: it has none)
+    # the verifier's declared statistics (verification.base.Statistic) per visited depth: counts as flags (did it
+    # happen there), values as numbers; empty for a verifier that declares none (and for the baseline)
+    flags: dict[str, list[bool]] = field(default_factory=dict)
+    values: dict[str, list[float]] = field(default_factory=dict)
     shadow_accepted: list[int] = field(default_factory=list)  # drafts each shadow verifier would keep, in order
     fidelity: list[PositionCosts] | None = None  # with fidelity on: the live verifier's costs, then each shadow's
     fidelity_s: float = 0.0  # seconds spent on ``fidelity`` (not part of the method's time)
@@ -80,12 +80,23 @@ class DecodeResult:
     def relaxed(self) -> int:
         return sum(step.relaxed for step in self.steps)
 
-    @property
-    def trigger_count(self) -> int | None:
-        """Verified positions where the verifier's own trigger fired; None for a verifier without one
-        (and for the baseline, which verifies nothing)."""
-        counts = [sum(step.triggered) for step in self.steps if step.triggered is not None]
-        return sum(counts) if counts else None
+    def rule_counts(self) -> dict[str, int]:
+        """Per count statistic the verifier declares, the verified positions where it happened (empty for a
+        verifier that declares none, and for the baseline, which verifies nothing)."""
+        counts: dict[str, int] = {}
+        for step in self.steps:
+            for name, flags in step.flags.items():
+                counts[name] = counts.get(name, 0) + sum(flags)
+        return counts
+
+    def rule_values(self) -> dict[str, list[float]]:
+        """Per value statistic the verifier declares, its value at every verified position, in order (aligned
+        with the steps' ``reasons``)."""
+        values: dict[str, list[float]] = {}
+        for step in self.steps:
+            for name, found in step.values.items():
+                values.setdefault(name, []).extend(found)
+        return values
 
     def accepted_per_depth(self) -> tuple[list[int], list[int]]:
         """(accepted at depth d, reached depth d) for d = 0, 1, ... (alpha_d = ratio), up to the

@@ -28,8 +28,8 @@ memory for float tensors (``expands_floats``), so at T > 0 with speculation ever
 included, would judge logits divided by garbage.
 
 ``MARS_BENCH_VLLM_TRACE`` names a file each step appends one JSON line to (the requests' ids, drafts,
-verdicts, and per judged depth the reason, the two largest logits, their ratio and whether the verifier's
-trigger fired), read back by the worker; ``MARS_BENCH_VLLM_DUMP`` a folder each step's inputs and both
+verdicts, and per judged depth the reason and each statistic the verifier declares: ``flags`` of its counts,
+``values`` of its values), read back by the worker; ``MARS_BENCH_VLLM_DUMP`` a folder each step's inputs and both
 rules' outputs are saved to (tests).
 
 With fidelity on (``set_fidelity``), each step also traces, per request with drafts, what the live verifier
@@ -55,7 +55,8 @@ from typing import Any
 import torch
 
 from mars_bench.serving.vllm_versions import FLAT_DRAFTS, LOGIT_ROWS, AcceptanceHook, hooks_of, supported_range
-from mars_bench.verification import Verdict, Verifier, VerifyInput, get_verifier
+from mars_bench.verification import Verdict, Verifier, VerifyInput, verifier_from_settings
+from mars_bench.verification.base import statistic_lists
 from mars_bench.verification.exact_first import requests_of
 from mars_bench.verification.sampling import SamplingParams
 
@@ -80,8 +81,9 @@ JUDGES: list[StepJudge] = []  # the judges ``register`` installed in this proces
 
 
 def verifier_from_spec(spec: dict[str, Any]) -> Verifier | None:
-    """The verifier ``{"name": ..., "settings": {...}}`` names (name None: vLLM's own rule)."""
-    return None if spec["name"] is None else get_verifier(spec["name"], **spec.get("settings", {}))
+    """The verifier ``{"name": ..., "settings": {...}}`` names (name None: vLLM's own rule; ``exact_first`` among
+    the settings: the rule inside that window, as its ``describe`` gives it)."""
+    return None if spec["name"] is None else verifier_from_settings(spec["name"], spec.get("settings", {}))
 
 
 def installed_judges() -> list[StepJudge]:
@@ -234,7 +236,7 @@ class StepJudge:
         line = {"shadow_accepted": shadows, "fidelity": costs, "fidelity_s": fidelity_s,
                 "aside_s": aside_s + sum(fidelity_s)}  # fmt: skip
         if verdicts is not None:
-            line.update(verdict_line(verdicts))
+            line.update(verdict_line(self.verifier, verdicts))
         return verdicts, line
 
     def finish(self, drafted: list[int], line: dict[str, Any]) -> None:
@@ -299,27 +301,26 @@ def tensor_parallel_rank() -> int:
         return 0
 
 
-def verdict_line(verdicts: list[Verdict]) -> dict[str, Any]:
+def verdict_line(verifier: Verifier, verdicts: list[Verdict]) -> dict[str, Any]:
     """A step's trace fields from the live verifier's verdicts, per request: kept and relaxed drafts, the next
-    token, and per judged depth the reason, the two largest target logits, their ratio and (a verifier with a
-    trigger) whether it fired; non-finite values as None (JSON)."""
-    finite = lambda values: [v if math.isfinite(v) else None for v in values.tolist()]  # noqa: E731
+    token, and per judged depth the reason and the statistics ``verifier`` declares (``base.statistic_lists``:
+    ``flags`` of its counts, ``values`` of its values, non-finite values as None: JSON)."""
+    flags, values = [], []
+    for verdict in verdicts:
+        found_flags, found_values = statistic_lists(verifier.statistics, verdict.decisions.statistics)
+        flags.append(found_flags)
+        values.append({name: [v if math.isfinite(v) else None for v in found] for name, found in found_values.items()})
     return {"accepted": [verdict.accepted_len for verdict in verdicts],
             "relaxed": [verdict.decisions.relaxed_count for verdict in verdicts],
             "next": [verdict.next_token for verdict in verdicts],
             "reasons": [verdict.decisions.reasons.tolist() for verdict in verdicts],
-            "margins": [finite(verdict.decisions.margin) for verdict in verdicts],
-            "top1": [finite(verdict.decisions.top1_logit) for verdict in verdicts],
-            "top2": [finite(verdict.decisions.top2_logit) for verdict in verdicts],
-            "triggered": [None if verdict.decisions.triggered is None else verdict.decisions.triggered.tolist()
-                          for verdict in verdicts]}  # fmt: skip
+            "flags": flags, "values": values}  # fmt: skip
 
 
 def builtin_line(kept: list[int], next_tokens: list[int]) -> dict[str, Any]:
     """A step's trace fields when vLLM's own rule decided: what it kept, and nothing a verifier would report."""
-    empty = [[] for _ in kept]
-    return {"accepted": kept, "relaxed": [0] * len(kept), "next": next_tokens, "reasons": empty, "margins": empty,
-            "top1": empty, "top2": empty, "triggered": [None] * len(kept)}  # fmt: skip
+    return {"accepted": kept, "relaxed": [0] * len(kept), "next": next_tokens, "reasons": [[] for _ in kept],
+            "flags": [{} for _ in kept], "values": [{} for _ in kept]}  # fmt: skip
 
 
 class FlatDraftsJudge(StepJudge):

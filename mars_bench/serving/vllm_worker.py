@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")  # vllm:spec_decode_<name>
-STEP_FIELDS = ("drafted", "accepted", "relaxed", "next", "reasons", "margins", "top1", "top2", "triggered", "shadow_accepted",
-               "fidelity", "fidelity_s")  # fmt: skip
+STEP_FIELDS = ("drafted", "accepted", "relaxed", "next", "reasons", "flags", "values", "shadow_accepted", "fidelity",
+               "fidelity_s")  # fmt: skip
 
 
 def spec_counters(llm: Any) -> dict[str, Any]:

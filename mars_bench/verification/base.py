@@ -7,8 +7,11 @@ token to emit after them. It never calls a model and never does I/O.
 Each verifier declares its settings once, as a frozen dataclass registered with it
 (``register_verifier(name, params=...)``): the dataclass validates the values, names the
 allowed keys (``get_verifier``, ``verifier_settings``) and is what ``describe`` reports. The
-registry adds one setting to every lossy verifier's: ``exact_first`` (``WINDOW``, see
-``exact_first.py``), the lossless rule for the first tokens of each answer.
+registry adds nothing to them: the exact-first window is a wrapper around a rule (``exact_first.py``).
+
+Each verifier also declares its own statistics (``Verifier.statistics``, ``Statistic``): what its rule
+measured or decided at every visited depth, beside the reason code (``Decisions.statistics``). The engine,
+the serving plugin and the records carry them by the names declared, never by a rule's name.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from mars_bench.common.reasons import Reason
-from mars_bench.common.settings import OPTIONAL, check_settings_class, label_values, settings_from
+from mars_bench.common.settings import check_settings_class, label_values, settings_from
 from mars_bench.verification.sampling import Generators, SamplingParams
 
 __all__ = [
+    "COUNT",
+    "VALUE",
     "Decisions",
     "NoParams",
     "Reason",
-    "WINDOW",
+    "Statistic",
     "Verdict",
     "Verifier",
     "VerifyInput",
@@ -39,10 +44,9 @@ __all__ = [
     "check_range",
     "check_theta",
     "check_unit_interval",
-    "check_window",
     "get_verifier",
     "register_verifier",
-    "register_window",
+    "statistic_lists",
     "verifier_settings",
 ]
 
@@ -146,33 +150,68 @@ def batch_steps(steps: Sequence[VerifyInput]) -> VerifyInput:
     )
 
 
+COUNT, VALUE = "count", "value"  # the kinds of a statistic
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A statistic a verifier declares and reports at every visited depth (``Decisions.statistics``).
+
+    name: its key in decisions, step records, traces and records (a lowercase identifier).
+    kind: ``count`` (a BoolTensor per visited depth: whether the event happened there; records keep its count
+        over verified positions, tables its rate) or ``value`` (a FloatTensor per visited depth; records keep
+        each verified position's value, None where it is not finite).
+    meaning: what it is, in one line.
+    """
+
+    name: str
+    kind: str
+    meaning: str
+
+    def __post_init__(self) -> None:
+        if not (self.name.isidentifier() and self.name == self.name.lower()):
+            raise ValueError(f"statistic name {self.name!r} is invalid: allowed is a lowercase identifier")
+        check_choice(f"statistic {self.name} kind", self.kind, (COUNT, VALUE))
+
+    def missing(self, depths: int) -> torch.Tensor:
+        """The statistic at ``depths`` visited depths its rule did not judge: never happened (a count), NaN (a value)."""
+        if self.kind == COUNT:
+            return torch.zeros(depths, dtype=torch.bool)
+        return torch.full((depths,), float("nan"))
+
+
+def statistic_lists(
+    declared: Sequence[Statistic], found: dict[str, torch.Tensor] | None
+) -> tuple[dict[str, list[bool]], dict[str, list[float]]]:
+    """A step's statistics (``Decisions.statistics``, on the CPU; None: the step judged no draft) as lists, by the
+    verifier's ``declared`` ones: each count's flags and each value's numbers per visited depth. ValueError, in
+    one line, where decisions lack a declared statistic."""
+    found = found if found is not None else {item.name: item.missing(0) for item in declared}
+    lacking = [item.name for item in declared if item.name not in found]
+    if lacking:
+        raise ValueError(f"the decisions lack the declared statistics {', '.join(lacking)}: a verifier reports every "
+                         "statistic it declares (Verifier.statistics) at every step")  # fmt: skip
+    flags = {item.name: found[item.name].bool().tolist() for item in declared if item.kind == COUNT}
+    values = {item.name: found[item.name].float().tolist() for item in declared if item.kind == VALUE}
+    return flags, values
+
+
 @dataclass(frozen=True)
 class Decisions:
     """Per visited depth (D = number of drafted positions judged), on the CPU.
 
     reasons: LongTensor[D] of Reason codes.
-    top1_logit, top2_logit: FloatTensor[D], the two largest processed target logits (z1 at
-        the target's top token, the first index of the row maximum, as ``torch.argmax``).
-    margin: FloatTensor[D], the MARS statistic z2 / z1 (inf or nan where z1 == 0).
-    triggered: BoolTensor[D] for a verifier with a relaxation trigger (``has_trigger``):
-        whether the rule's trigger fired on the row judging each depth, as that verifier
-        decides it; None for a verifier without one.
+    statistics: per statistic the verifier declares (``Verifier.statistics``), its value at each visited depth,
+        taken at the target-logits row that judged it: a BoolTensor[D] for a count, a FloatTensor[D] for a value.
+        Empty for a verifier that declares none.
     """
 
     reasons: torch.Tensor
-    top1_logit: torch.Tensor
-    top2_logit: torch.Tensor
-    margin: torch.Tensor
-    triggered: torch.Tensor | None = None
+    statistics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def relaxed_count(self) -> int:
         return int((self.reasons == Reason.RELAXED).sum())
-
-    @property
-    def triggered_count(self) -> int | None:
-        """Visited depths where the trigger fired; None for a verifier without a trigger."""
-        return None if self.triggered is None else int(self.triggered.sum())
 
 
 @dataclass(frozen=True)
@@ -232,63 +271,24 @@ def check_choice(option: str, value: object, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
-WINDOW = "exact_first"  # every lossy verifier's setting: the lossless rule for the first L tokens of each answer
-
-
-def check_window(value: object) -> int:
-    """``exact_first`` must be an integer >= 0 (0: off); returns it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{WINDOW}={value!r} is invalid: allowed is an integer >= 0 (0 = off)")
-    return value
-
-
-def settings_of(name: str, values: tuple[tuple[str, object], ...]) -> Any:
-    """The registered settings of verifier ``name`` from (key, value) pairs: how a pickle rebuilds them."""
-    return verifier_settings(name)(**dict(values))
-
-
-def windowed(name: str, params: type) -> type:
-    """``params`` with ``exact_first`` added (default 0, ``OPTIONAL``: labels carry it only when set), the
-    settings class the registry holds for a lossy verifier: a subclass of ``params`` under its name, checked
-    by ``params``'s own ``__post_init__`` first, pickled by the verifier's name (its class name is not its own)."""
-    if WINDOW in {item.name for item in dataclasses.fields(params)}:
-        raise TypeError(f"settings of verifier {name} declare {WINDOW}, which the registry adds to every lossy verifier")
-    own_check = getattr(params, "__post_init__", None)
-
-    def __post_init__(self: Any) -> None:
-        if own_check is not None:
-            own_check(self)
-        check_window(getattr(self, WINDOW))
-
-    def __reduce__(self: Any) -> tuple[Any, ...]:
-        return settings_of, (name, tuple((item.name, getattr(self, item.name)) for item in dataclasses.fields(self)))
-
-    window = (WINDOW, int, dataclasses.field(default=0, metadata=OPTIONAL))
-    namespace = {"__post_init__": __post_init__, "__reduce__": __reduce__, "__doc__": params.__doc__}
-    derived = dataclasses.make_dataclass(params.__name__, [window], bases=(params,), frozen=True, namespace=namespace)
-    derived.__module__, derived.__qualname__ = params.__module__, params.__qualname__
-    return derived
-
-
 class Verifier:
-    """Base class: subclasses implement ``verify``, set ``lossless`` (and ``has_trigger`` when
-    their rule has a relaxation trigger), and are registered with their settings class.
+    """Base class: subclasses implement ``verify``, set ``lossless``, declare their ``statistics`` (none by
+    default) and are registered with their settings class.
 
-    params: the verifier's settings, an instance of the dataclass it was registered with (of a lossy
-        verifier: that class with ``exact_first``, ``windowed``; an instance of the declared class is taken too).
+    params: the verifier's settings, an instance of the dataclass it was registered with.
+    statistics: what the rule reports at every visited depth besides the reason (``Decisions.statistics``
+        holds exactly these names, for every step, greedy and sampling).
     """
 
     name: ClassVar[str]
     lossless: ClassVar[bool]
-    has_trigger: ClassVar[bool] = False
+    statistics: ClassVar[tuple[Statistic, ...]] = ()
     chains_only: ClassVar[bool] = False  # True: refuses a tree of drafts
     params_type: ClassVar[type] = NoParams
 
     def __init__(self, params: Any = None) -> None:
         if params is None:
             params = self.params_type()
-        if type(params) in self.params_type.__mro__[1:] and dataclasses.is_dataclass(params):  # the declared class
-            params = self.params_type(**{item.name: getattr(params, item.name) for item in dataclasses.fields(params)})
         if not isinstance(params, self.params_type):
             raise TypeError(f"verifier {self.name} takes {self.params_type.__name__}, got {type(params).__name__}")
         self.params = params
@@ -330,13 +330,16 @@ def register_verifier(name: str, params: type = NoParams) -> Callable[[V], V]:
     """Class decorator: make a verifier available to ``get_verifier(name, **settings)``.
 
     params: a frozen dataclass whose fields are the verifier's settings (with defaults) and
-    whose ``__post_init__`` validates them. A lossy verifier takes ``exact_first`` as well (``windowed``).
+    whose ``__post_init__`` validates them.
     """
     check_settings_class("verifier", name, params)
 
     def wrap(cls: V) -> V:
+        names = [statistic.name for statistic in cls.statistics]
+        if len(set(names)) != len(names):
+            raise TypeError(f"verifier {name} declares a statistic twice: {', '.join(names)}")
         cls.name = name
-        cls.params_type = params if getattr(cls, "lossless", False) else windowed(name, params)
+        cls.params_type = params
         _REGISTRY[name] = cls
         return cls
 
@@ -359,18 +362,6 @@ def verifier_settings(name: str) -> type:
 
 
 def get_verifier(name: str, **settings: object) -> Verifier:
-    """Build the verifier registered as ``name`` with its settings (unset ones take their defaults); with
-    ``exact_first`` > 0, inside its window (``register_window``)."""
+    """Build the verifier registered as ``name`` with its settings (unset ones take their defaults)."""
     cls = _verifier_class(name)
-    verifier = cls(settings_from("verifier", name, cls.params_type, settings))
-    return _WINDOW[0](verifier) if getattr(verifier.params, WINDOW, 0) else verifier
-
-
-_WINDOW: list[Callable[[Verifier], Verifier]] = []  # the wrapper register_window names
-
-
-def register_window(wrapper: Callable[[Verifier], Verifier]) -> Callable[[Verifier], Verifier]:
-    """Decorator: ``get_verifier`` returns ``wrapper(verifier)`` for a verifier whose ``exact_first`` is set
-    (``exact_first.ExactFirst``, registered as ``mars_bench.verification`` is imported)."""
-    _WINDOW[:] = [wrapper]
-    return wrapper
+    return cls(settings_from("verifier", name, cls.params_type, settings))

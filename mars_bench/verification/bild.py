@@ -14,16 +14,20 @@ is not the argmax. BiLD's fallback policy (the drafter hands over when its own c
 decides how far to draft, not what to keep, and is not part of this verifier.
 
 r = 0 is ``rejection`` (``exact`` in greedy mode); larger r keeps more. Chains only. Not lossless.
+
+Statistic: ``rollback``, where BiLD's rollback test fired (-log p(x) > r and x is not the argmax): a reject in
+greedy mode; when sampling, the strict rule then judges the draft.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mars_bench.verification.base import VerifyInput, check_range, register_verifier
+from mars_bench.verification.base import COUNT, Statistic, VerifyInput, check_range, register_verifier
 from mars_bench.verification.chain_rule import ChainRows, ChainRule, RowRule
 from mars_bench.verification.emission import TINY
 from mars_bench.verification.kernels import Prepared, gather_at
@@ -44,6 +48,9 @@ class BildParams:
 @register_verifier("bild", params=BildParams)
 class BildVerifier(ChainRule):
     __doc__ = __doc__
+    statistics: ClassVar[tuple[Statistic, ...]] = (
+        Statistic("rollback", COUNT, "the rollback test fired: -log p(x) > rollback (nats) and x is not the target's argmax"),
+    )
     params: BildParams
 
     def plausible(self, probs: torch.Tensor) -> torch.Tensor:
@@ -54,6 +61,11 @@ class BildVerifier(ChainRule):
         strict = (rows.p / rows.q.clamp(min=TINY)).clamp(max=1.0)
         return RowRule(torch.where(self.plausible(rows.p), 1.0, strict), (rows.p - rows.q).clamp(min=0.0))
 
+    def node_statistics(self, step: VerifyInput, prep: Prepared, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        implausible = ~self.plausible(gather_at(p, step.draft_tokens))
+        return {"rollback": implausible & (step.draft_tokens != prep.nodes.t1)}
+
     def greedy_rule(self, step: VerifyInput, prep: Prepared) -> GreedyRule:
         p1 = self.greedy_rows(step, prep)
-        return self.greedy_with(step, prep, self.plausible(gather_at(p1, step.draft_tokens)))
+        plausible = self.plausible(gather_at(p1, step.draft_tokens))
+        return self.greedy_with(step, prep, plausible, self.row_statistics(step, prep, p1))

@@ -20,7 +20,7 @@ import torch
 
 from mars_bench.verification.base import Reason, Verdict, VerifyInput
 from mars_bench.verification.emission import TINY, Emission, mix, normalised, proposal_rows
-from mars_bench.verification.kernels import Prepared, RowDraws, finish, gather_at, version_of
+from mars_bench.verification.kernels import Prepared, RowDraws, finish, gather_at, on_rows, version_of
 from mars_bench.verification.sampling import RandomStreams, scaled
 from mars_bench.verification.strict import GreedyRule, TreeVerifier
 
@@ -77,6 +77,16 @@ class ChainRule(TreeVerifier):
     def row_rule(self, rows: ChainRows) -> RowRule:
         raise NotImplementedError
 
+    def node_statistics(self, step: VerifyInput, prep: Prepared, p: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """The declared statistics per draft ([N] each) from p at each draft's row ([N, V]: the processed p when
+        sampling, the temperature-1 p when greedy); None for a rule that declares none."""
+        return None
+
+    def row_statistics(self, step: VerifyInput, prep: Prepared, p: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """``node_statistics`` at the rows judging the drafts (``kernels.finish``)."""
+        found = self.node_statistics(step, prep, p)
+        return None if found is None else {name: on_rows(values, prep.layout) for name, values in found.items()}
+
     def rule_for(self, step: VerifyInput, rows: ChainRows) -> RowRule:
         """``row_rule`` of this step, kept for the next call on the same target logits and proposal:
         ``verify`` and ``emission`` of one step, or many verdicts drawn from one step, solve the
@@ -118,21 +128,23 @@ class ChainRule(TreeVerifier):
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(accepted, torch.where(uniforms < strict, int(Reason.SAMPLED), int(Reason.RELAXED)), rejected)
         weights = prep.layout.with_drafted_rows(rows.all_p, normalised(rule.correction, rows.p))
-        return finish(accepted, reasons, RowDraws(weights, streams), prep)
+        return finish(accepted, reasons, RowDraws(weights, streams), prep, statistics=self.row_statistics(step, prep, rows.p))
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         rows = self.chain_rows(step, prep)
         rule = self.rule_for(step, rows)
         return mix(rows.q, rule.accept, normalised(rule.correction, rows.p), prep.layout.judging_rows)
 
-    def greedy_with(self, step: VerifyInput, prep: Prepared, relaxed: torch.Tensor) -> GreedyRule:
-        """Greedy decisions: keep the target's argmax, and a draft where ``relaxed`` ([N]) holds."""
+    def greedy_with(self, step: VerifyInput, prep: Prepared, relaxed: torch.Tensor,
+                    statistics: dict[str, torch.Tensor] | None = None) -> GreedyRule:  # fmt: skip
+        """Greedy decisions: keep the target's argmax, and a draft where ``relaxed`` ([N]) holds; ``statistics``:
+        the rule's declared ones per row (``row_statistics``)."""
         drafts = step.draft_tokens
         is_top1 = drafts == prep.nodes.t1
         accepted = is_top1 | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(accepted, int(Reason.RELAXED), rejected))
-        return GreedyRule(accepted, reasons)
+        return GreedyRule(accepted, reasons, statistics=statistics)
 
     def greedy_rows(self, step: VerifyInput, prep: Prepared) -> torch.Tensor:
         """Greedy mode: refuse trees, and give the target's temperature-1 probabilities per node's row."""

@@ -1,10 +1,12 @@
-"""The exact-first window: ``exact_first=L`` judges the first L generated tokens of each answer losslessly.
+"""The exact-first window: a wrapper that judges the first L generated tokens of each answer losslessly.
 
-Every lossy verifier takes ``exact_first`` (``base.WINDOW``, added by the registry; 0, the default, is off).
-With L > 0, ``get_verifier`` returns the rule inside an ``ExactFirst``: the drafts at generated positions
-0..L-1 of each answer are judged by the lossless rule (``exact`` when greedy, ``rejection`` when sampling),
-later ones by the verifier's own rule. This is SecureSD's safety correction, its eta step schedule: exact
-speculative decoding for the first L tokens of each answer, the relaxed rule after them.
+``ExactFirst(rule, L)`` (``with_exact_first``) wraps any lossy rule: the drafts at generated positions 0..L-1
+of each answer are judged by the lossless rule (``exact`` when greedy, ``rejection`` when sampling), later
+ones by the wrapped rule. This is SecureSD's safety correction, its eta step schedule: exact speculative
+decoding for the first L tokens of each answer, the relaxed rule after them. The rule's own settings know
+nothing of it; a method names it with its one setting, ``exact_first`` (``WINDOW``): ``verifier.exact_first=16``
+on the command line, ``mars(theta=0.9,exact_first=16)`` as a shadow, and labels and records carry it after the
+rule's settings (``describe``). ``verifier_from_settings`` builds a rule from such keys.
 
 Positions: an answer's first token (the prefill's, the target's own choice) is position 0; a step of a
 request that generated g tokens before it (``VerifyInput.generated``) judges its depth-d drafts at g + d,
@@ -25,6 +27,7 @@ verdict does not depend on the others in its batch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -32,17 +35,43 @@ import torch
 
 from mars_bench.common.trees import depths_of
 from mars_bench.verification.base import (
-    WINDOW,
     Decisions,
+    Statistic,
     Verdict,
     Verifier,
     VerifyInput,
     batch_steps,
     get_verifier,
-    register_window,
 )
 from mars_bench.verification.emission import Emission
 from mars_bench.verification.sampling import Generators, RandomStreams
+
+WINDOW = "exact_first"  # the wrapper's one setting, as methods, labels and records name it
+
+
+def check_window(value: object) -> int:
+    """``exact_first`` must be an integer >= 0 (0: no window); returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{WINDOW}={value!r} is invalid: allowed is an integer >= 0 (0 = off)")
+    return value
+
+
+def with_exact_first(rule: Verifier, window: object) -> Verifier:
+    """``rule`` inside an exact-first window of ``window`` tokens (``ExactFirst``); ``rule`` itself at 0. A lossless
+    rule takes no window (every token of its answers is lossless already): ValueError in one line."""
+    if not check_window(window):
+        return rule
+    if rule.lossless:
+        raise ValueError(f"{WINDOW}={window} is invalid with verifier {rule.name}, which is lossless at every token: "
+                         f"allowed is 0 ({WINDOW} wraps a lossy rule)")  # fmt: skip
+    return ExactFirst(rule, window)
+
+
+def verifier_from_settings(name: str, settings: Mapping[str, object]) -> Verifier:
+    """The verifier ``name`` with its own settings, inside the exact-first window where ``settings`` give
+    ``exact_first`` (the keys a method, a shadow label or a description names a verifier by)."""
+    own = {key: value for key, value in settings.items() if key != WINDOW}
+    return with_exact_first(get_verifier(name, **own), settings.get(WINDOW, 0))
 
 
 @dataclass(frozen=True)
@@ -149,18 +178,25 @@ class Plan:
     routes: list[Route]
 
 
-@register_window
 class ExactFirst(Verifier):
-    """A lossy verifier with its window ``exact_first`` = L > 0 (see the module's docstring): the same name,
-    settings, trigger and tree support as the rule it holds, and not lossless. ``get_verifier`` builds it."""
+    """A lossy ``rule`` inside its window of ``window`` = L > 0 tokens (see the module's docstring): the same
+    name, settings, statistics and tree support as the rule it holds, and not lossless. Its description (labels,
+    records, manifests) is the rule's with ``exact_first=L`` after its settings. ``with_exact_first`` builds it."""
 
     lossless = False
 
-    def __init__(self, rule: Verifier) -> None:
-        self.rule, self.window = rule, getattr(rule.params, WINDOW)
+    def __init__(self, rule: Verifier, window: int) -> None:
+        if rule.lossless or isinstance(rule, ExactFirst) or check_window(window) == 0:
+            raise ValueError(f"ExactFirst wraps a lossy rule in a window of {WINDOW} >= 1 tokens: got verifier "
+                             f"{rule.name} with {WINDOW}={window}")  # fmt: skip
+        self.rule, self.window = rule, window
         self.name, self.params, self.params_type = rule.name, rule.params, rule.params_type
-        self.has_trigger, self.chains_only = rule.has_trigger, rule.chains_only
+        self.statistics, self.chains_only = rule.statistics, rule.chains_only
         self.strict = {True: get_verifier("exact"), False: get_verifier("rejection")}  # by sampling.greedy
+
+    def describe(self) -> dict[str, object]:
+        """The rule's description, then the window: ``{"name": "mars", "theta": 0.9, ..., "exact_first": 16}``."""
+        return {**self.rule.describe(), WINDOW: self.window}
 
     def plan(self, step: VerifyInput) -> Plan:
         """Split ``step`` by each request's position (``VerifyInput.generated``) into the two rules' pieces."""
@@ -222,19 +258,14 @@ class ExactFirst(Verifier):
                        tokens)  # fmt: skip
 
     def decisions(self, *parts: Decisions) -> Decisions:
-        """The visited depths' decisions of the pieces, one after another; a lossless piece's trigger is
-        reported as not fired (the window does not relax), where the rule has a trigger."""
-        triggered = None
-        if self.has_trigger:
-            triggered = torch.cat([torch.zeros(len(part.reasons), dtype=torch.bool) if part.triggered is None
-                                   else part.triggered for part in parts])  # fmt: skip
-        return Decisions(
-            reasons=torch.cat([part.reasons for part in parts]),
-            top1_logit=torch.cat([part.top1_logit for part in parts]),
-            top2_logit=torch.cat([part.top2_logit for part in parts]),
-            margin=torch.cat([part.margin for part in parts]),
-            triggered=triggered,
-        )
+        """The visited depths' decisions of the pieces, one after another, with the rule's statistics: the
+        lossless piece, judged in the window, has none of them (``Statistic.missing``: a count that never
+        happened, a NaN value)."""
+        def joined(statistic: Statistic) -> torch.Tensor:
+            return torch.cat([part.statistics.get(statistic.name, statistic.missing(len(part.reasons))) for part in parts])
+
+        return Decisions(reasons=torch.cat([part.reasons for part in parts]),
+                         statistics={statistic.name: joined(statistic) for statistic in self.statistics})  # fmt: skip
 
     def emission(self, step: VerifyInput) -> Emission:
         """P_V and alpha_V per judging row of one request's step: p's (the lossless rule's) at the rows

@@ -53,7 +53,10 @@ from typing import ClassVar
 import torch
 
 from mars_bench.verification.base import (
+    COUNT,
+    VALUE,
     Reason,
+    Statistic,
     Verdict,
     VerifyInput,
     check_choice,
@@ -61,7 +64,7 @@ from mars_bench.verification.base import (
     register_verifier,
 )
 from mars_bench.verification.emission import TINY, Emission, mix, normalised, proposal_rows
-from mars_bench.verification.kernels import Prepared, RowDraws, TreeLayout, finish, gather_at, strict_rejection
+from mars_bench.verification.kernels import Prepared, RowDraws, TreeLayout, finish, gather_at, on_rows, strict_rejection
 from mars_bench.verification.sampling import RandomStreams, SamplingParams, sample_rows, scaled
 from mars_bench.verification.strict import GreedyRule, TreeVerifier
 
@@ -172,19 +175,32 @@ class FlyVerifier(TreeVerifier):
     lossless = False
     chains_only: ClassVar[bool] = True
     emission_given_drafts: ClassVar[bool] = True  # P_V at a row is conditional on the other rows' drafts
+    statistics: ClassVar[tuple[Statistic, ...]] = (
+        Statistic("entropy", VALUE, "the target's entropy the gate compares (entropy_form) at the row judging the draft"),
+        Statistic("gate", COUNT, "the entropy gate opened: that entropy reached the threshold entropy"),
+    )
     params: FlyParams
 
     def check_chain(self, prep: Prepared) -> None:
         if not prep.layout.chain:
             raise ValueError(f"verifier {self.name} judges chains only: got a tree of drafts (use a chain drafter)")
 
-    def gate(self, step: VerifyInput, prep: Prepared) -> torch.Tensor:
-        """BoolTensor[N]: whether the entropy at the row judging each draft reaches ``entropy``."""
+    def entropy(self, step: VerifyInput, prep: Prepared) -> torch.Tensor:
+        """FloatTensor[N]: the entropy the gate compares, at the row judging each draft (``entropy_form``)."""
         layout = prep.layout
-        rows = fly_entropy(
+        return fly_entropy(
             self.params.entropy_form, layout.drafted_rows(step.target_logits), layout.drafted_rows(prep.processed), step.sampling
         )
-        return rows >= self.params.entropy
+
+    def gate(self, step: VerifyInput, prep: Prepared) -> torch.Tensor:
+        """BoolTensor[N]: whether the entropy at the row judging each draft reaches ``entropy``."""
+        return self.entropy(step, prep) >= self.params.entropy
+
+    def judged(self, step: VerifyInput, prep: Prepared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The gate per draft ([N]) and the declared statistics per row (``kernels.finish``)."""
+        entropy = self.entropy(step, prep)
+        gate = entropy >= self.params.entropy
+        return gate, {"entropy": on_rows(entropy, prep.layout), "gate": on_rows(gate, prep.layout)}
 
     def window_of(self, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(fits: BoolTensor[N], length: LongTensor[N], the native accepts the window reads after the
@@ -194,9 +210,9 @@ class FlyVerifier(TreeVerifier):
             return after >= width - 1, after.clamp(max=width)
         return after >= width, torch.full_like(after, width - 1 if convention == "mismatch" else width)
 
-    def relaxed(self, step: VerifyInput, prep: Prepared, native: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[N]: the native rejections FLy overrides, given the native verdicts ([N]) and which
-        drafts the target's processing allows ([N])."""
+    def relaxed(self, prep: Prepared, native: torch.Tensor, allowed: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[N]: the native rejections FLy overrides, given the native verdicts ([N]), which
+        drafts the target's processing allows ([N]) and where the gate opens ([N])."""
         count = native.shape[0]
         if count == 0:
             return native
@@ -207,17 +223,18 @@ class FlyVerifier(TreeVerifier):
         stop = torch.where(native, index + after + 1, index)
         first_reject = stop.flip(0).cummin(0).values.flip(0)
         following = torch.cat([first_reject[1:], first_reject.new_full((1,), count)])
-        return ~native & allowed & fits & (following >= index + 1 + length) & self.gate(step, prep)
+        return ~native & allowed & fits & (following >= index + 1 + length) & gate
 
     def greedy_rule(self, step: VerifyInput, prep: Prepared) -> GreedyRule:
         self.check_chain(prep)
         drafts = step.draft_tokens
         native = drafts == prep.nodes.t1
         allowed = gather_at(prep.layout.drafted_rows(prep.processed), drafts) > -math.inf
-        relaxed = self.relaxed(step, prep, native, allowed)
+        gate, statistics = self.judged(step, prep)
+        relaxed = self.relaxed(prep, native, allowed, gate)
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(native, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return GreedyRule(native | relaxed, reasons)
+        return GreedyRule(native | relaxed, reasons, statistics=statistics)
 
     def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         self.check_chain(prep)
@@ -232,10 +249,11 @@ class FlyVerifier(TreeVerifier):
             native, candidates, reason = (drafts == pair[:, 0]) | (drafts == pair[:, 1]), samples[:, 0], Reason.EXACT
         else:
             native, candidates, reason = drafts == prep.nodes.t1, RowDraws(probs, streams), Reason.EXACT
-        relaxed = self.relaxed(step, prep, native, gather_at(layout.drafted_rows(probs), drafts) > 0)
+        gate, statistics = self.judged(step, prep)
+        relaxed = self.relaxed(prep, native, gather_at(layout.drafted_rows(probs), drafts) > 0, gate)
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(native, int(reason), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return finish(native | relaxed, reasons, candidates, prep)
+        return finish(native | relaxed, reasons, candidates, prep, statistics=statistics)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         """P_V at each drafted row j, conditional on the drafts: the law of the token emitted at j given

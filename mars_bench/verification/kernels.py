@@ -451,7 +451,7 @@ def finish(
     candidates: Candidates,
     prep: Prepared,
     preferred: torch.Tensor | None = None,
-    row_trigger: torch.Tensor | None = None,
+    statistics: dict[str, torch.Tensor] | None = None,
 ) -> list[Verdict]:
     """Walk each request's tree, emit its stop row's candidate, and report the decisions, with one
     host transfer for the whole batch. Returns a Verdict per request, in the request's own indices.
@@ -460,43 +460,46 @@ def finish(
     (the reason if reached); candidates: the token to emit per stop row (LongTensor[N+1]),
     or ``RowDraws`` to sample it from;
     preferred: BoolTensor[N] or None, nodes taken before their other accepted siblings;
-    row_trigger: BoolTensor[N+1] or None, where the verifier's relaxation trigger fires per
-    row (reported as ``Decisions.triggered`` at the visited depths; None: no trigger).
-    Raises ValueError, after the transfer, if an input check failed.
+    statistics: the verifier's declared statistics per row ([N+1] each: bool for a count, float for a value;
+    ``on_rows`` spreads a chain's per-node ones), reported as ``Decisions.statistics`` at the visited depths.
+    They travel in the same transfer. Raises ValueError, after the transfer, if an input check failed.
     """
     layout = prep.layout
+    statistics = statistics or {}
     chosen = accepted if layout.chain else first_choices(accepted, layout, preferred)
     on_path = layout.on_path(chosen)
     stop_rows = layout.stop_rows(on_path)
     emitted = candidates.at(stop_rows) if isinstance(candidates, RowDraws) else candidates.gather(0, stop_rows)
-    parts = [emitted, on_path, reasons, prep.rows.z1, prep.rows.z2, prep.problems]
-    optional = [part for part in (row_trigger, prep.drafts) if part is not None]
+    parts = [emitted, on_path, reasons, prep.problems, *statistics.values()]
+    optional = [prep.drafts] if prep.drafts is not None else []
     packed = torch.cat([part.double() for part in parts + optional]).cpu()
-    emitted, on_path, reasons, z1, z2, problems, *rest = packed.split([part.numel() for part in parts + optional])
+    emitted, on_path, reasons, problems, *rest = packed.split([part.numel() for part in parts + optional])
     raise_on_problems(problems.tolist())
     tokens, on_path_list, reason_list = emitted.long().tolist(), on_path.bool().tolist(), reasons.long().tolist()
-    top1_all, top2_all = z1.float(), z2.float()
-    triggered = rest.pop(0).bool() if row_trigger is not None else None
-    drafts = rest.pop(0).long().tolist() if prep.drafts is not None else None
+    per_row = {name: values.bool() if statistics[name].dtype == torch.bool else values.float()
+               for name, values in zip(statistics, rest)}  # fmt: skip
+    drafts = rest[len(statistics)].long().tolist() if prep.drafts is not None else None
     verdicts = []
     for request, (start, count, root) in enumerate(zip(layout.node_starts, layout.drafts_per_row, layout.root_rows)):
         path = sorted((node for node in range(start, start + count) if on_path_list[node]), key=layout.depths.__getitem__)
         stop = path[-1] + request + 1 if path else root
         visited_nodes = path + ([-1] if layout.has_children[stop] else [])  # -1: the rejected depth
         rows = torch.tensor(([root] + [node + request + 1 for node in path])[: len(visited_nodes)], dtype=torch.long)
-        top1, top2 = top1_all[rows], top2_all[rows]
         visited_reasons = [reason_list[node] if node >= 0 else int(Reason.REJECTED) for node in visited_nodes]
-        decisions = Decisions(
-            reasons=torch.tensor(visited_reasons, dtype=torch.long),
-            top1_logit=top1,
-            top2_logit=top2,
-            margin=top2 / top1,
-            triggered=None if triggered is None else triggered[rows],
-        )
+        decisions = Decisions(reasons=torch.tensor(visited_reasons, dtype=torch.long),
+                              statistics={name: values[rows] for name, values in per_row.items()})  # fmt: skip
         accepted_path = torch.tensor([node - start for node in path], dtype=torch.long)
         path_tokens = None if drafts is None else [drafts[node] for node in path]
         verdicts.append(Verdict(accepted=accepted_path, next_token=tokens[request], decisions=decisions, path_tokens=path_tokens))
     return verdicts
+
+
+def on_rows(per_node: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
+    """A chain's per-node statistic ([N]) at the row judging each node ([N+B]); the rows that judge no
+    node (each request's last) hold False for a count, NaN for a value (no visited depth reads them)."""
+    fill = False if per_node.dtype == torch.bool else float("nan")
+    rows = torch.full((layout.row_count,), fill, dtype=per_node.dtype, device=per_node.device)
+    return layout.with_drafted_rows(rows, per_node)
 
 
 def reasons_from(accepted: torch.Tensor, accept_reason: torch.Tensor | Reason) -> torch.Tensor:

@@ -58,7 +58,10 @@ import torch
 
 from mars_bench.common.settings import OPTIONAL
 from mars_bench.verification.base import (
+    COUNT,
+    VALUE,
     Reason,
+    Statistic,
     Verdict,
     VerifyInput,
     check_choice,
@@ -67,7 +70,7 @@ from mars_bench.verification.base import (
     register_verifier,
 )
 from mars_bench.verification.emission import Emission, greedy_emission, mix
-from mars_bench.verification.kernels import Prepared, RowDraws, finish, strict_rejection, top_two
+from mars_bench.verification.kernels import Prepared, RowDraws, TopTwo, finish, strict_rejection, top_two
 from mars_bench.verification.sampling import RandomStreams, SamplingParams, probabilities
 from mars_bench.verification.strict import (
     GreedyRule,
@@ -139,11 +142,24 @@ def margin_trigger(z1: torch.Tensor, z2: torch.Tensor, theta: float | None, guar
     return (z1 > 0) & (z2 > theta * z1)
 
 
+MARGIN_STATISTICS = (  # what the margin rules (mars, mars_ref) report at every visited depth
+    Statistic("margin", VALUE, "z2 / z1: the runner-up's target logit over the top one's, as the rule read them "
+              "(inf or nan where z1 = 0)"),  # fmt: skip
+    Statistic("trigger", COUNT, "the rule's relaxation trigger fired (the margin over theta, as its guard and gate decide)"),
+    Statistic("nonpositive_top1", COUNT, "z1 <= 0: the top logit is not positive, where the guard decides"),
+)
+
+
+def margin_statistics(rows: TopTwo, trigger: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``MARGIN_STATISTICS`` per row ([N+1] each) from the rows' top two logits and the rule's ``trigger``."""
+    return {"margin": rows.z2 / rows.z1, "trigger": trigger, "nonpositive_top1": rows.z1 <= 0}
+
+
 @register_verifier("mars", params=MarsParams)
 class MarsVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
-    has_trigger: ClassVar[bool] = True
+    statistics: ClassVar[tuple[Statistic, ...]] = MARGIN_STATISTICS
     params: MarsParams
 
     def prepare(self, step: VerifyInput) -> tuple[VerifyInput, Prepared]:
@@ -174,7 +190,7 @@ class MarsVerifier(TreeVerifier):
         accepted = is_top1 | relaxed
         rejected = torch.full_like(drafts, int(Reason.REJECTED))
         reasons = torch.where(is_top1, int(Reason.EXACT), torch.where(relaxed, int(Reason.RELAXED), rejected))
-        return GreedyRule(accepted, reasons, preferred=is_top1, row_trigger=row_trigger)
+        return GreedyRule(accepted, reasons, preferred=is_top1, statistics=margin_statistics(prep.rows, row_trigger))
 
     def sampled(self, step: VerifyInput, prep: Prepared, streams: RandomStreams) -> list[Verdict]:
         if self.params.sampling == "securesd":
@@ -192,7 +208,7 @@ class MarsVerifier(TreeVerifier):
         if self.params.correction == "target" and self.params.theta is not None:
             # A row with no children has the residual p anyway, so its bonus is unchanged.
             candidates = RowDraws(torch.where(row_trigger[:, None], probs, candidates.weights), streams)
-        return finish(accepted, reasons, candidates, prep, row_trigger=row_trigger)
+        return finish(accepted, reasons, candidates, prep, statistics=margin_statistics(prep.rows, row_trigger))
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         """The strict rule's P_V with a(x) = 1 for x in the top 2 of a triggered row, and the
@@ -223,6 +239,6 @@ class MarsVerifier(TreeVerifier):
             return greedy_emission(rule.accepted, step.draft_tokens, prep.rows.t1, layout, vocab, rule.preferred)
         top1 = torch.zeros(layout.parent_rows.shape[0], vocab, device=prep.processed.device)
         top1.scatter_(-1, layout.drafted_rows(prep.rows.t1)[:, None], 1.0)
-        relaxed = layout.drafted_rows(rule.row_trigger)[:, None] & top2_mask(prep)
+        relaxed = layout.drafted_rows(rule.statistics["trigger"])[:, None] & top2_mask(prep)
         accept = torch.where(relaxed, 1.0, top1)
         return mix(step.draft_dists.float(), accept, top1, layout.judging_rows)

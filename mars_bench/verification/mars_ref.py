@@ -9,7 +9,8 @@ the drafter's q (``draft_probs``; q = 1 when the drafter gives none, as upstream
 does): accept when U <= min(1, p(x) / max(q, 1e-10)), otherwise subtract q from that one
 coordinate of p, renormalise and sample the next token from it. After a fully accepted
 chain the bonus is sampled from p. In greedy mode the official code does plain exact
-matching, and so does this verifier (its trigger is then reported as firing nowhere).
+matching, and so does this verifier (its trigger is then reported as firing nowhere). It reports
+the statistics of ``mars`` (``mars.MARGIN_STATISTICS``) with its own trigger.
 
 Trees follow the official walk: the trigger is decided once per row, children are tried in
 draft order (a triggered row takes the first child in {t1, t2}, even a t2 drafted before
@@ -29,9 +30,9 @@ codes alike. Every other verifier, and this one in greedy mode (where the offici
 ``torch.argmax``), takes the project's top token, the first index of the row maximum
 (``kernels.top_two``). The two sets differ only where logits tie: among equal logits and among
 -inf entries (a runner-up filtered out by top-p or top-k) topk picks the indices in its own
-order (on the CPU, [4, 4, 4, 0] gives {1, 2}, not {0, 1}). The logits the decisions record
-(``top1_logit``, ``top2_logit``, hence ``margin``) are the row's two largest values, which both
-definitions share, so they read as every other verifier's; only which tokens carry them differs.
+order (on the CPU, [4, 4, 4, 0] gives {1, 2}, not {0, 1}). The logits its ``margin`` statistic
+divides are the row's two largest values, which both definitions share, so it reads as ``mars``'s;
+only which tokens carry them differs.
 A triggered acceptance is EXACT where the draft is topk's first index and RELAXED otherwise, so
 under a tie at the top an accepted draft with the top logit may count as RELAXED. With a
 vocabulary of one, t2 = t1 and z2 = -inf, as ``kernels.top_two``.
@@ -46,11 +47,12 @@ from typing import ClassVar
 
 import torch
 
-from mars_bench.verification.base import Reason, Verdict, VerifyInput, check_theta, register_verifier
+from mars_bench.verification.base import Reason, Statistic, Verdict, VerifyInput, check_theta, register_verifier
 from mars_bench.verification.emission import TINY, Emission, normalised, sequential
 from mars_bench.verification.kernels import Prepared, RowDraws, TopTwo, at_nodes, finish, sibling_normalisers, top_two
+from mars_bench.verification.mars import MARGIN_STATISTICS, margin_statistics
 from mars_bench.verification.sampling import RandomStreams, SamplingParams, process_logits
-from mars_bench.verification.strict import TreeVerifier, top2_mask
+from mars_bench.verification.strict import GreedyRule, TreeVerifier, top2_mask
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class OfficialNodes:
 class MarsReferenceVerifier(TreeVerifier):
     __doc__ = __doc__
     lossless = False
-    has_trigger: ClassVar[bool] = True
+    statistics: ClassVar[tuple[Statistic, ...]] = MARGIN_STATISTICS
     params: MarsRefParams
 
     def process(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -143,7 +145,12 @@ class MarsReferenceVerifier(TreeVerifier):
         )
         adjusted = torch.where(nodes.lowered.sum(-1, keepdim=True) > 0, nodes.lowered, probs)
         candidates = RowDraws(torch.where(nodes.row_trigger[:, None], probs, adjusted), streams)
-        return finish(accepted, reasons, candidates, prep, row_trigger=nodes.row_trigger)
+        return finish(accepted, reasons, candidates, prep, statistics=margin_statistics(prep.rows, nodes.row_trigger))
+
+    def greedy_rule(self, step: VerifyInput, prep: Prepared) -> GreedyRule:
+        """Exact matching, as the official greedy branch: the margin statistics with a trigger that fires nowhere."""
+        rule = super().greedy_rule(step, prep)
+        return replace(rule, statistics=margin_statistics(prep.rows, torch.zeros_like(prep.rows.t1, dtype=torch.bool)))
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         """Deterministic drafts: each child kept with its official-code probability, the correction

@@ -3,7 +3,7 @@
 ``process_logits`` applies top-k, then top-p (filtered entries become ``-inf``; ``mars_ref``
 alone asks for the official MARS code's order, top-p first) and keeps the logits otherwise
 unscaled; ``probabilities`` applies the temperature. Ratios and signs of logits, which is
-all the MARS margin and its guards look at, do not depend on a positive temperature, and
+all a rule comparing logits (``mars``) looks at, do not depend on a positive temperature, and
 keeping the scaling inside a max-shifted softmax keeps extreme temperatures (1e-30, 1e30)
 finite. At temperature 0 decoding is greedy (argmax).
 """

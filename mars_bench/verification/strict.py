@@ -27,13 +27,13 @@ from mars_bench.verification.sampling import Generators, RandomStreams, Sampling
 @dataclass(frozen=True)
 class GreedyRule:
     """A greedy rule's decisions: accepted and reasons per node ([N]), the nodes a row's walk takes
-    before their other accepted siblings (``preferred``, or None: draft order) and the rule's
-    trigger per row (None: it has none)."""
+    before their other accepted siblings (``preferred``, or None: draft order) and the rule's declared
+    statistics per row ([N+1] each, ``kernels.finish``; None: it declares none)."""
 
     accepted: torch.Tensor
     reasons: torch.Tensor
     preferred: torch.Tensor | None = None
-    row_trigger: torch.Tensor | None = None
+    statistics: dict[str, torch.Tensor] | None = None
 
 
 def strict_accept(step: VerifyInput, prep: Prepared) -> torch.Tensor:
@@ -128,15 +128,14 @@ class TreeVerifier(Verifier):
         return self.sampled_emission(step, prep)
 
     def greedy_rule(self, step: VerifyInput, prep: Prepared) -> GreedyRule:
-        """Keep drafts equal to the target's top token (no relaxation, so a verifier with a trigger
-        reports it fired nowhere). Every greedy rule emits the top token after its last kept draft."""
+        """Keep drafts equal to the target's top token (no relaxation). Every greedy rule emits the top token
+        after its last kept draft. A verifier that declares statistics and keeps this rule overrides it to add them."""
         accepted = step.draft_tokens == prep.nodes.t1
-        no_trigger = torch.zeros_like(prep.rows.t1, dtype=torch.bool) if self.has_trigger else None
-        return GreedyRule(accepted, reasons_from(accepted, Reason.EXACT), row_trigger=no_trigger)
+        return GreedyRule(accepted, reasons_from(accepted, Reason.EXACT))
 
     def greedy(self, step: VerifyInput, prep: Prepared) -> list[Verdict]:
         rule = self.greedy_rule(step, prep)
-        return finish(rule.accepted, rule.reasons, prep.rows.t1, prep, preferred=rule.preferred, row_trigger=rule.row_trigger)
+        return finish(rule.accepted, rule.reasons, prep.rows.t1, prep, preferred=rule.preferred, statistics=rule.statistics)
 
     def sampled_emission(self, step: VerifyInput, prep: Prepared) -> Emission:
         raise NotImplementedError(f"verifier {self.name} has no exact emission distribution in sampling mode")
