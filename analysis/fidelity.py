@@ -154,21 +154,28 @@ def live_sums(group: pd.DataFrame) -> dict[str, float]:
                                                         "expected_accepted", "steps")}  # fmt: skip
 
 
-def decomposition_row(group: pd.DataFrame, include_disturbed: bool = False) -> dict:
-    """Speed, tau and score (bench.summary's numbers) with the live verifier's cost per generated
-    token: ``kl_per_token`` (sum of judged KL / sum of new tokens, nats: an unbiased estimate of the
-    sequence-level KL(verifier's output || target's) per token) and ``deviation_rate`` (judged TV /
-    new tokens)."""
-    summary = summarise_paired(group, include_disturbed)
+def cost_per_token(group: pd.DataFrame) -> dict[str, float]:
+    """The live verifier's cost per generated token over ``group``'s records: ``kl_per_token`` (sum of judged KL /
+    sum of new tokens, nats: an unbiased estimate of the sequence-level KL(verifier's output || target's) per token)
+    and ``deviation_rate`` (judged TV / new tokens); NaN where some record carries no fidelity."""
+    if "fidelity" not in group:
+        return {"kl_per_token": np.nan, "deviation_rate": np.nan}
     live = live_sums(group)
     tokens = group["new_tokens"].sum()
+    return {"kl_per_token": per(live["judged_kl"], tokens), "deviation_rate": per(live["judged_tv"], tokens)}
+
+
+def decomposition_row(group: pd.DataFrame, include_disturbed: bool = False) -> dict:
+    """Speed, tau and score (bench.summary's numbers) with the live verifier's cost per generated
+    token (``cost_per_token``)."""
+    summary = summarise_paired(group, include_disturbed)
+    live = live_sums(group)
     return {"prompts": summary["prompts"], "tokens": summary["tokens"], "tau": summary["tau"],
             "tau_request_mean": summary["tau_request_mean"],
             "expected_tau": 1.0 + per(live["expected_accepted"], live["steps"]),
             "acceptance_rate": summary["acceptance_rate"], "expected_acceptance": per(live["accept"], live["positions"]),
             "speedup": summary["speedup"], "speedup_ci_low": summary["speedup_ci_low"],
-            "speedup_ci_high": summary["speedup_ci_high"], "kl_per_token": per(live["judged_kl"], tokens),
-            "deviation_rate": per(live["judged_tv"], tokens), "score": summary["score"],
+            "speedup_ci_high": summary["speedup_ci_high"], **cost_per_token(group), "score": summary["score"],
             "score_ci_low": summary["score_ci_low"], "score_ci_high": summary["score_ci_high"]}  # fmt: skip
 
 

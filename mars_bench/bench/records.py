@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mars_bench.common.kernels import EARLIER_KERNELS
+from mars_bench.common.reasons import Reason
 
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"  # beside it: the run's versions, placement and each method's settings
@@ -120,7 +121,9 @@ class Record:
     position_kl: list[float | None] = field(default_factory=list)  # KL(P_V || p) per verified position (empty: greedy)
     position_tv: list[float] = field(default_factory=list)  # TV(P_V, p) per verified position
     verified_positions: int = 0
-    reasons: list[int] = field(default_factory=list)  # Reason code per verified position
+    # Reason code per verified position: per step, its accepted depths', then REJECTED where a draft was rejected
+    # (``relaxed_positions`` reads the answer positions of the relaxed tokens from them and ``step_accepted``)
+    reasons: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
@@ -208,6 +211,32 @@ def rule_statistics(row: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, l
         values["margin"] = [float(value) if present(value) and math.isfinite(value) else None for value in margins]
     return counts, values
 
+
+def relaxed_positions(row: Mapping[str, Any]) -> list[int] | None:
+    """The answer positions (generated index: 0 is the answer's first token) of the tokens that a lossy rule
+    relaxed into ``row``'s answer: its accepted drafts whose reason is ``Reason.RELAXED``, read from the step trace.
+
+    The layout read: the answer's first token comes from the prefill; each verification step then emits its
+    accepted drafts and one token more (the bonus or correction), so step s's drafts start at position
+    1 + the sum of (accepted + 1) over the steps before it. ``reasons`` holds per step the codes of its accepted
+    depths, in order, then REJECTED where a draft was rejected: its codes other than REJECTED are the accepted
+    drafts, ``step_accepted[s]`` of them for step s. A stop or the budget cuts only the last step, so positions at
+    or past ``new_tokens`` were never emitted and are left out. Empty for a row without steps (a baseline); None
+    where the trace does not hold a code for every accepted draft (a backend that recorded none)."""
+    accepted = [int(count) for count in listed(row.get("step_accepted"))]
+    codes = [int(code) for code in listed(row.get("reasons")) if int(code) != Reason.REJECTED]
+    if len(codes) != sum(accepted):
+        return None
+    positions, start, at = [], 1, 0
+    for count in accepted:
+        positions += [start + depth for depth in range(count) if codes[at + depth] == Reason.RELAXED]
+        start, at = start + count + 1, at + count
+    return [position for position in positions if position < int(row.get("new_tokens") or 0)]
+
+
+def listed(value: Any) -> list[Any]:
+    """A per-step or per-position field read back as a list (a table may hold an array; a missing one: empty)."""
+    return list(value) if isinstance(value, (list, tuple)) or hasattr(value, "tolist") else []
 
 
 def present(value: Any) -> bool:

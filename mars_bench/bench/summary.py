@@ -64,14 +64,21 @@ def cut_answers(finished: pd.Series) -> pd.Series:
     return finished.map(lambda value: value is not None and not pd.isna(value) and not value).astype(bool)
 
 
-def score_change(pairs: pd.DataFrame, include_cut: bool = False) -> dict[str, Any]:
-    """A method's score minus its baseline's on the same prompts (``pairs``: method rows with ``score_base``
-    and ``finished_base``), over the prompts where both answers finished (every scored pair with
-    ``include_cut``): the mean difference with its paired bootstrap 95% CI and permutation p-value, how
-    many prompts it rests on and how many pairs a cut answer left out."""
+def changed_pairs(pairs: pd.DataFrame, include_cut: bool = False) -> tuple[pd.DataFrame, pd.Series]:
+    """The rows of ``pairs`` (method rows with ``score_base`` and ``finished_base``) that a score change counts:
+    both scored, both answers finished (every scored pair with ``include_cut``); and, per scored pair, whether
+    a cut answer is in it."""
     scored = pairs.dropna(subset=["score", "score_base"]) if "score_base" in pairs else pairs.iloc[:0]
     cut = cut_answers(scored["finished"]) | cut_answers(scored.get("finished_base", pd.Series(None, index=scored.index)))
-    used = scored if include_cut else scored[~cut]
+    return (scored if include_cut else scored[~cut]), cut
+
+
+def score_change(pairs: pd.DataFrame, include_cut: bool = False) -> dict[str, Any]:
+    """A method's score minus its baseline's on the same prompts (``pairs``: method rows with ``score_base``
+    and ``finished_base``), over the prompts ``changed_pairs`` counts: the mean difference with its paired
+    bootstrap 95% CI and permutation p-value, how many prompts it rests on and how many pairs a cut answer
+    left out (or, with ``include_cut``, holds)."""
+    used, cut = changed_pairs(pairs, include_cut)
     differences = used["score"] - used["score_base"]
     low, high = bootstrap_mean_ci(differences)
     return {"score_change": differences.mean() if len(differences) else np.nan, "score_change_ci_low": low,
