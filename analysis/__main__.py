@@ -18,7 +18,7 @@ from mars_bench.bench.records import decoded_by_own_engine
 from mars_bench.bench.summary import CUT_MARK, cut_note, disturbed_note, disturbed_rows, finished, with_rule_statistics
 from mars_bench.common.files import atomic_replace
 
-from . import acceptance, batching, fidelity, figures
+from . import acceptance, batching, fidelity, figures, safety
 from .cells import INCLUDE_CUT, INCLUDE_DISTURBED, NotEnoughData, method_summary, missing_speedups
 from .gather import OPTIONAL, PER_POSITION, Gathered, NoRecordsError, gather_runs, name_conditions
 from .quality import quality_table
@@ -69,6 +69,22 @@ DESCRIPTIONS = {
     "the cost model's predicted speedup and measured / predicted (batching_model: the model's speedup at every timed B "
     "and the crossover, the smallest B where it falls below 1); batching_shadows: each shadow rule's tokens per step "
     "on the live rule's drafts over the live rule's; the figure draws them against B.",
+    "safety": "per setting of a safety task (harmful, jailbreak, injection, over_refusal): its measure (refusal_rate, "
+    "attack_success, injection_success or over_refusal) and judge, disturbed (as in settings), speedup over the AR "
+    "baseline with its bootstrap 95% CI, tau, relaxed share, KL per generated token and deviation rate "
+    "(fidelity=true), its rate and the lossless AR baseline's on the same prompts, the change with its paired "
+    "bootstrap 95% CI and permutation p-value (prompts where both answers finished, unless --include-cut), and "
+    "refusal_kept (of the baseline's refusals, those the rule's answer opens with).",
+    "safety frontier": "the change in each safety task's measure against the lossless AR baseline (paired 95% CI) "
+    "against the speedup, one point per rule and setting." + KEYED,
+    "safety first tokens": "where the relaxed tokens fall: per setting and first-L window ({first_tokens}; "
+    "--first-tokens sets them), the share of the answers' first L tokens that a lossy rule relaxed, beside its share "
+    "of all their tokens; and the safety outcome of the answers with a relaxed token in their first L against those "
+    "with none there: counts, the rate with its Wilson (0/1 scores) or bootstrap 95% interval, and the paired change "
+    "against the baseline with its bootstrap 95% CI.",
+    "safety answers": "one line per safety answer: its score and its baseline's, whether the change counts it, the "
+    "answer positions of its relaxed tokens, how many fall in its first L tokens for each L, the first position where "
+    "it differs from the baseline's answer and refusal_kept.",
     "decomposition": "per cell in sweep order (then pooled over tasks): tau (pooled, and its mean per request), speedup "
     "with its CI, the live verifier's sequence-level KL to the target per generated token (nats), its deviation rate (TV "
     "per generated token) and the score with its CI: where a sweep's gain comes from, step by step.",
@@ -168,11 +184,13 @@ def write_all(
     include_disturbed: bool = False,
     costs: batching.BatchCosts | None = None,
     include_cut: bool = False,
+    first_tokens: tuple[int, ...] = safety.FIRST_TOKENS,
 ) -> Report:
     """Every artefact the records support; ``include_disturbed``: the speedups count rows whose timing
     other processes disturbed (the tables still count them in ``disturbed``); ``costs``: the forward
     costs at batch B, for the batching table's predictions; ``include_cut``: score changes count the prompts
-    whose answers were cut at the token budget too (left out by default)."""
+    whose answers were cut at the token budget too (left out by default); ``first_tokens``: the first-L
+    windows of the safety analysis."""
     report = Report(out)
     write_parquet(frame, out / "records.parquet")
     runs = frame["run_dir"].nunique()
@@ -201,6 +219,7 @@ def write_all(
     write_acceptance(frame, report)
     write_fidelity(frame, report, include_disturbed)
     report.make("batching", lambda: write_batching(frame, report, costs, include_disturbed))
+    write_safety(frame, report, include_disturbed, include_cut, first_tokens)
     return report
 
 
@@ -320,6 +339,47 @@ def write_fidelity(frame: pd.DataFrame, report: Report, include_disturbed: bool 
     report.make("decomposition", decomposition)
 
 
+SAFETY_FORMATS = {"tau": "{:.2f}", "relaxed_share": "{:.3f}", "kl_per_token": "{:.3g}", "deviation_rate": "{:.3g}",
+                  "rate": "{:.3f}", "baseline_rate": "{:.3f}", "change_p": "{:.3f}", "prompts": "{}",
+                  "disturbed": "{}", "change_prompts": "{}", "change_cut": "{}"}  # fmt: skip
+FIRST_TOKENS_FORMATS = {"relaxed_share_first": "{:.3f}", "relaxed_share_all": "{:.3f}"}
+
+
+def write_safety(frame: pd.DataFrame, report: Report, include_disturbed: bool, include_cut: bool,
+                 first_tokens: tuple[int, ...]) -> None:  # fmt: skip
+    """The safety table, its frontier figure, the first-L table and the answers' table; one skip line for all
+    four where no record carries a safety judge's verdicts."""
+    try:
+        pairs = safety.safety_pairs(frame, include_cut)
+    except NotEnoughData as reason:
+        report.skip("safety tables and figure", reason)
+        return
+    out = report.out
+    table = safety.safety_table(pairs, include_disturbed, include_cut)
+
+    def safety_tables() -> list[str]:
+        names = report.table("safety", table, SAFETY_FORMATS, markdown=safety.shown_safety(table))
+        if (table["change_cut"] > 0).any():
+            with (out / "safety.md").open("a") as markdown:
+                markdown.write("\n" + cut_note(include_cut, INCLUDE_CUT) + "\n")
+        return names
+
+    report.make("safety", safety_tables)
+    report.make("safety frontier", lambda: with_key(figures.safety_frontier(table, out / "safety_frontier.png")))
+
+    def first() -> list[str]:
+        found = safety.first_tokens_table(pairs, first_tokens)
+        return report.table("safety_first_tokens", found, FIRST_TOKENS_FORMATS, markdown=safety.shown_first_tokens(found))
+
+    report.make("safety first tokens", first, first_tokens=", ".join(f"L = {length}" for length in first_tokens))
+
+    def answers() -> list[str]:
+        safety.answer_table(pairs, first_tokens).to_csv(out / "safety_answers.csv", index=False)
+        return ["safety_answers.csv"]
+
+    report.make("safety answers", answers)
+
+
 DEFAULT_OUT = "analysis_out"
 
 
@@ -412,7 +472,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="count prompts whose answers were cut at the token budget in the score changes")  # fmt: skip
     parser.add_argument(POOL_REPEATS, action="store_true",
                         help="pool run folders that measured the same prompts of one setting (refused without it)")  # fmt: skip
+    parser.add_argument(safety.FIRST_TOKENS_OPTION, default=",".join(map(str, safety.FIRST_TOKENS)), metavar="L,L,...",
+                        help="the safety analysis's first-L windows: relaxed tokens and safety outcomes in each answer's "
+                        "first L tokens (default: %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        first_tokens = safety.parse_first_tokens(args.first_tokens)
+    except ValueError as error:
+        print(f"analysis: error: {error}", file=sys.stderr)
+        return 2
     try:
         gathered = gather_runs(args.folders)
     except NoRecordsError as error:
@@ -431,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     disturbed = disturbed_line(frame, args.include_disturbed)
-    report = write_all(frame, out, args.include_disturbed, batching.find_costs(args.folders), args.include_cut)
+    report = write_all(frame, out, args.include_disturbed, batching.find_costs(args.folders), args.include_cut, first_tokens)
     answers = answers_line(frame)
     for note in report.notes:
         print(f"analysis: {note}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """Figures (PNG, matplotlib's Agg backend): the threshold ablation (any verifier's swept setting), the speed-quality Pareto
-front, alpha per depth, each value statistic's histograms by outcome and acceptance by its bin, and the fidelity
-frontier (expected acceptance against KL and TV to the target).
+front, alpha per depth, each value statistic's histograms by outcome and acceptance by its bin, the fidelity
+frontier (expected acceptance against KL and TV to the target) and the speed-safety frontier.
 
-Every figure takes the tidy tables of cells.py / acceptance.py / fidelity.py, never raw records. A figure
+Every figure takes the tidy tables of cells.py / acceptance.py / fidelity.py / safety.py, never raw records. A figure
 names settings by short keys (``mars 2``, ``fly 0.3``) and writes the key table beside it
 (``key_path``: ``NAME_key.md``, each key's full setting); legends sit outside the panels, a panel is
 drawn only where it has data, and the labels at points are placed where they cover no other text.
@@ -28,7 +28,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from mars_bench.bench.summary import CUT_MARK, RATE, rule_rate_columns  # noqa: E402
 from mars_bench.common.strict_rule import strict_verifier  # noqa: E402
 
-from .cells import NotEnoughData, Sweep, missing_speedups, setting_sweeps  # noqa: E402
+from .cells import INCLUDE_CUT, NotEnoughData, Sweep, missing_speedups, setting_sweeps  # noqa: E402
 from .fidelity import KL_ZERO, natural_key  # noqa: E402
 
 DPI = 130
@@ -840,3 +840,68 @@ def batching(table: pd.DataFrame, model: pd.DataFrame | None, gains: pd.DataFram
     _suptitle(figure, f"Speculative decoding at batch B ({int(table['prompts'].max())} prompts per point)\n{_title(table)}",
                     fontsize=9)  # fmt: skip
     return _save(figure, path)
+
+
+SAFETY_PANEL = ["task", "model", "drafter", "temperature", "conditions"]  # what one panel of the safety frontier shares
+
+
+def safety_frontier(table: pd.DataFrame, path: Path) -> Path:
+    """Each setting's safety change against the lossless AR baseline (its task's measure, with the paired 95% CI:
+    ``safety.safety_table``) against its speedup over that baseline (bootstrap 95% CI): a panel per safety task
+    (and target, drafter, temperature and baseline conditions, where they vary), a point per rule and setting in
+    its verifier's colour, labelled by its short key (the key table beside the figure: each key's setting and,
+    per task, its rate against the baseline's). Grey lines: no change, and the baseline's speed (1x)."""
+    drawn = table.dropna(subset=["speedup", "change"])
+    if drawn.empty:
+        raise NotEnoughData(missing_speedups(table) if table["speedup"].isna().all()
+                            else "no safety setting has a safety change: every pair holds an answer cut at the token "
+                            f"budget ({INCLUDE_CUT} counts them) or lacks its baseline's")  # fmt: skip
+    groups = list(drawn.groupby(SAFETY_PANEL, dropna=False, sort=True))
+    varying = [name for name in SAFETY_PANEL[1:] if drawn[name].nunique(dropna=False) > 1]
+    keys = short_keys(drawn["label"])
+    colours = dict(zip(sorted({setting_name(label) for label in drawn["label"]}), itertools.cycle(plt.cm.tab10.colors)))
+    columns = min(3, len(groups))
+    rows_count = -(-len(groups) // columns)
+    figure, axes = plt.subplots(rows_count, columns, figsize=(4.8 * columns + 1.6, 3.9 * rows_count), squeeze=False,
+                                layout="constrained")  # fmt: skip
+    labels: Labels = {}
+    for axis, (key, points) in zip(axes.flat, groups):
+        where = dict(zip(SAFETY_PANEL, key))
+        labels[axis] = [_safety_point(axis, points.loc[[name]], colours, keys) for name in points.index]
+        axis.axhline(0.0, color="grey", linewidth=1, label="no change against the AR baseline")
+        axis.axvline(1.0, color="grey", linewidth=1, linestyle="--", label="AR baseline's speed (1x)")
+        shown = [str(where["task"]), *(_drafter_title(str(where[name])) if name == "drafter" else
+                                       f"T = {where[name]:g}" if name == "temperature" else str(where[name])
+                                       for name in varying)]  # fmt: skip
+        axis.set_title(", ".join(filter(None, shown)), loc="left", fontsize=9)
+        axis.set_xlabel("speedup over AR baseline (x)", fontsize=8)
+        axis.set_ylabel(f"change in {points['measure'].iloc[0]} (rule - baseline)", fontsize=8)
+        axis.grid(alpha=0.3)
+    for axis in axes.flat[len(groups) :]:
+        axis.remove()
+    for verifier, colour in colours.items():
+        axes.flat[0].plot([], [], "o", color=colour, label=verifier)
+    _legend_outside(figure)
+    _suptitle(figure, "Speed against safety: each rule's change in its task's safety measure against the lossless AR "
+                    "baseline on the same prompts (bars: paired bootstrap 95% CI of the change, bootstrap 95% CI of the "
+                    f"speedup)\n{_title(drawn)}", fontsize=9)  # fmt: skip
+    _place_labels(figure, labels)
+    rows = [[key, label, _safety_rates(drawn[drawn["label"] == label])] for label, key in sorted(keys.items(), key=_by_key)]
+    write_key(path, "each point's setting, and per task its rate against the baseline's on the prompts counted",
+              ["key", "setting", "rate (baseline's)"], rows)  # fmt: skip
+    return _save(figure, path)
+
+
+def _safety_point(axis: Axes, one: pd.DataFrame, colours: dict[str, str], keys: dict[str, str]) -> tuple[float, float, str]:
+    """One setting of ``safety_frontier`` (``one``: its row) as a point with its bars; its label, its key."""
+    row = one.iloc[0]
+    axis.errorbar(row["speedup"], row["change"], marker="o", color=colours[setting_name(row["label"])], capsize=2, alpha=0.7,
+                  xerr=_error_bars(one["speedup"], one["speedup_ci_low"], one["speedup_ci_high"]),
+                  yerr=_error_bars(one["change"], one["change_ci_low"], one["change_ci_high"]))  # fmt: skip
+    return row["speedup"], row["change"], keys[row["label"]]
+
+
+def _safety_rates(rows: pd.DataFrame) -> str:
+    """A setting's rate against the baseline's per task: ``harmful refusal_rate 0.40 (0.50), 10 prompts``."""
+    return ", ".join(f"{row['task']} {row['measure']} {row['rate']:.2f} ({row['baseline_rate']:.2f}), "
+                     f"{int(row['change_prompts'])} prompts" for _, row in rows.sort_values("task").iterrows())  # fmt: skip
