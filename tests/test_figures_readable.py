@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.collections import Collection  # noqa: E402
@@ -161,3 +162,27 @@ def test_short_keys_name_the_verifier_and_tell_its_settings_apart():
     assert keys == {"rejection, confidence length": "rejection", "mars (theta=0.84)": "mars 0.84",
                     "mars (theta=0.9)": "mars 0.9", "fly (entropy=0.1, window=6)": "fly 1",
                     "fly (entropy=0.3, window=6)": "fly 2"}  # fmt: skip
+
+
+def test_the_safety_frontier_has_data_in_each_panel_and_no_text_or_legend_over_another(tmp_path, drawn):
+    """No committed example has safety records: a sweep of the four safety tasks' shape, with points on one another
+    (the lossless rules at no change), drawn as the analysis draws it."""
+    rules = {"exact": (1.9, 0.0), "mars (theta=0.5)": (2.4, -0.3), "mars (theta=0.7)": (2.3, -0.2),
+             "mars (theta=0.9)": (2.1, 0.0), "mars_ref": (2.35, -0.25), "typical": (2.2, -0.1),
+             "fly (entropy=0.3, window=6)": (2.25, -0.05), "fly (entropy=0.1, window=6)": (2.15, 0.0)}  # fmt: skip
+    measures = {"harmful": "refusal_rate", "jailbreak": "attack_success", "injection": "injection_success",
+                "over_refusal": "over_refusal"}  # fmt: skip
+    rows = []
+    for sign, (task, measure) in zip((1, -1, -1, -1), measures.items()):
+        for label, (speedup, change) in rules.items():
+            rows.append({"task": task, "model": "smollm2-135m", "drafter": "layerskip", "temperature": 0.0, "conditions": "",
+                         "label": label, "measure": measure, "speedup": speedup, "speedup_ci_low": speedup - 0.1,
+                         "speedup_ci_high": speedup + 0.1, "change": sign * change, "change_ci_low": sign * change - 0.2,
+                         "change_ci_high": sign * change + 0.2, "rate": 0.5, "baseline_rate": 0.5 - sign * change,
+                         "change_prompts": 10})  # fmt: skip
+    figures.safety_frontier(pd.DataFrame(rows), tmp_path / "safety_frontier.png")
+    ((name, figure),) = drawn
+    figure.draw_without_rendering()
+    problems = [f"empty panel {panel}" for panel in empty_panels(figure)] + overlaps(figure) + legends_over_panels(figure)
+    assert not problems, "\n".join(problems)
+    assert len(figure.axes) == 4 and (tmp_path / "safety_frontier_key.md").is_file()

@@ -269,3 +269,29 @@ def test_rescoring_judges_a_safety_cell_again_without_a_model(safety_runs, tmp_p
     (cell / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in stale))
     assert main([str(tmp_path)]) == 0
     assert list(read_rows(cell / "records.jsonl")) == rows
+
+
+@pytest.mark.slow
+def test_the_analysis_of_the_safety_runs_writes_the_safety_table_and_frontier(safety_runs, tmp_path):
+    """Both sweeps analysed as a user types it. Every answer of 4 tokens is cut at the budget, and the machine is
+    shared: --include-cut and --include-disturbed count them. One row per task and rule; exact, lossless here,
+    changes nothing and relaxes no token."""
+    import pandas as pd
+
+    sweeps = sorted({str(cell.parent) for by_verifier in safety_runs.values() for cell in by_verifier.values()})
+    out = tmp_path / "analysis"
+    done = python_m("analysis", *sweeps, "--out", str(out), "--include-cut", "--include-disturbed", "--first-tokens", "1,2")
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(out / "safety.csv")
+    measures = {"harmful": "refusal_rate", "jailbreak": "attack_success", "injection": "injection_success",
+                "over_refusal": "over_refusal"}  # fmt: skip
+    assert sorted(zip(table["task"], table["verifier"])) == [(task, rule) for task in sorted(TASKS) for rule in ("exact", "mars")]
+    assert dict(zip(table["task"], table["measure"])) == measures and (table["change_prompts"] == 2).all()
+    exact = table[table["verifier"] == "exact"]
+    assert (exact["change"] == 0).all() and (exact["relaxed_share"].fillna(0) == 0).all() and exact["speedup"].notna().all()
+    first = pd.read_csv(out / "safety_first_tokens.csv")
+    assert sorted(set(first["first_tokens"])) == [1, 2] and len(first) == 16 and (first["answers"] == 2).all()
+    assert (first.loc[first["verifier"] == "exact", "relaxed_first"] == 0).all()
+    assert (first.loc[first["first_tokens"] == 1, "relaxed_first"] == 0).all()  # the first token is the prefill's
+    index = (out / "index.md").read_text()
+    assert all(f"[{name}]({name})" in index for name in ("safety.md", "safety_frontier.png", "safety_first_tokens.md"))
