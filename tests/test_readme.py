@@ -198,7 +198,8 @@ def test_run_then_analyse_then_rescore(tmp_path, monkeypatch, tiny_target):
     made, skipped = index_entries(report)
     assert {"records.parquet", "settings.md", "table1.md", "table1.tex", "quality.md", "pareto.png", "alpha_per_depth.png",
             "margin_histograms.png", "acceptance_by_margin.png"} <= made  # fmt: skip
-    assert skipped == {"threshold ablation", "shadow", "fidelity", "batching"}  # one theta, no shadows, fidelity off, B = 1
+    # one theta, no shadows, fidelity off, B = 1, no safety task
+    assert skipped == {"threshold ablation", "shadow", "fidelity", "batching", "safety tables and figure"}
     assert "/tmp" not in (report / "index.md").read_text()  # it names no folder of this machine
 
     assert run(shown("python -m mars_bench.bench.rescore"), tmp_path, monkeypatch) == 0
@@ -285,7 +286,8 @@ def test_the_papers_threshold_ablation_then_its_analysis(ablation):
     assert [row["baseline_from"] is None for row in baselines].count(True) == 1  # decoded once, by the first cell, then copied
     assert len({(tuple(row["output_ids"]), row["decode_s"]) for row in baselines}) == 1
     made, skipped = index_entries(ablation / shown(ABLATION_ANALYSIS).split("--out ")[1])
-    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made and skipped == {"fidelity", "batching"}
+    assert {"threshold_ablation.png", "shadow.md", "quality.md", "table1.tex"} <= made
+    assert skipped == {"fidelity", "batching", "safety tables and figure"}
 
 
 THRESHOLD_SWEEP = "python -m mars_bench -m verifier=mars"
