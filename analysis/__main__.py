@@ -192,7 +192,7 @@ def write_all(
     whose answers were cut at the token budget too (left out by default); ``first_tokens``: the first-L
     windows of the safety analysis."""
     report = Report(out)
-    write_parquet(frame, out / "records.parquet")
+    write_parquet(safety.without_answer_text(frame), out / "records.parquet")
     runs = frame["run_dir"].nunique()
     report.lines.append(f"- [records.parquet](records.parquet): all {counted(len(frame), 'record')}, gathered from "
                         f"{counted(runs, 'run folder')}.")  # fmt: skip

@@ -15,6 +15,8 @@ of L (``exact_first=L``) keeps every one of an answer's first L tokens strict, s
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pandas as pd
 
@@ -36,6 +38,24 @@ GROUPS = {"relaxed": "with a relaxed token in the first L", "strict": "with none
 def is_safety(value: object) -> bool:
     """Whether a record's ``safety`` field holds a judge's verdicts (a safety task's row)."""
     return isinstance(value, dict) and "verdicts" in value
+
+
+def without_answer_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each safety task row's answer replaced by the SHA-256 of its text (``output_sha256``;
+    ``output_text`` and ``output_ids`` emptied), for the gathered records the analysis writes: answers to harmful
+    requests are data, kept in each run's own records.jsonl, not passed on with the tables. Other rows unchanged."""
+    if "safety" not in frame or "output_text" not in frame:
+        return frame
+    rows = frame["safety"].map(is_safety)
+    if not rows.any():
+        return frame
+    out = frame.copy()
+    out["output_sha256"] = [hashlib.sha256(str(text).encode("utf-8")).hexdigest() if safety else None
+                            for text, safety in zip(out["output_text"], rows)]  # fmt: skip
+    out.loc[rows, "output_text"] = ""
+    if "output_ids" in out:
+        out["output_ids"] = [[] if safety else ids for ids, safety in zip(out["output_ids"], rows)]
+    return out
 
 
 def safety_pairs(frame: pd.DataFrame, include_cut: bool = False) -> pd.DataFrame:

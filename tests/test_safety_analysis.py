@@ -5,6 +5,7 @@ from synthetic records; the option that sets L and the skip line without safety 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pandas as pd
@@ -95,7 +96,7 @@ def row(question, method, score, *, new_tokens=5, finished=True, verifier="mars"
             "steps": len(step_accepted), "step_accepted": list(step_accepted), "reasons": [int(r) for r in reasons],
             "accepted": sum(step_accepted), "relaxed": sum(r == R for r in reasons), "drafted": sum(step_accepted) + 1,
             "score": score, "finished": finished, "stop_reason": "stop_token" if finished else "max_new_tokens",
-            "safety": safety}  # fmt: skip
+            "safety": safety, "output_text": f"answer {question} of {method}", "output_ids": [question, 7]}  # fmt: skip
 
 
 @pytest.fixture
@@ -184,6 +185,10 @@ def test_the_analysis_writes_the_safety_artefacts_with_the_windows_asked_for(saf
     mars = next(line for line in shown.splitlines() if "| mars | refusal_rate |" in line)
     assert "| 2.00x [2.00x, 2.00x] |" in mars and "| -0.500 [" in mars and mars.endswith("| 4 | 1 | 2/4 |")
     assert shown.rstrip().endswith("(--include-cut counts them).")  # the footnote on the pair a cut answer left out
+    kept = pd.read_parquet(out / "records.parquet")  # the answers' hashes, never their text or token ids
+    assert (kept["output_text"] == "").all() and kept["output_ids"].map(len).eq(0).all()
+    texts = [f"answer {question} of {method}" for question, method in zip(kept["question_id"], kept["method"])]
+    assert list(kept["output_sha256"]) == [hashlib.sha256(text.encode()).hexdigest() for text in texts]
 
 
 def test_a_bad_first_tokens_value_is_refused_in_one_line(safety_records, tmp_path, capsys):
