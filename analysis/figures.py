@@ -843,6 +843,7 @@ def batching(table: pd.DataFrame, model: pd.DataFrame | None, gains: pd.DataFram
 
 
 SAFETY_PANEL = ["task", "model", "drafter", "temperature", "conditions"]  # what one panel of the safety frontier shares
+SAFETY_MIN_HALF_SPAN = 0.05  # the least y span either side of 0 of a frontier panel (a change in a rate)
 
 
 def safety_frontier(table: pd.DataFrame, path: Path) -> Path:
@@ -870,6 +871,9 @@ def safety_frontier(table: pd.DataFrame, path: Path) -> Path:
         labels[axis] = [_safety_point(axis, points.loc[[name]], colours, keys) for name in points.index]
         axis.axhline(0.0, color="grey", linewidth=1, label="no change against the AR baseline")
         axis.axvline(1.0, color="grey", linewidth=1, linestyle="--", label="AR baseline's speed (1x)")
+        reach = points[["change", "change_ci_low", "change_ci_high"]].abs().max().max()
+        if not reach >= SAFETY_MIN_HALF_SPAN:  # every change 0 (or nearly): a readable span, not offset ticks
+            axis.set_ylim(-SAFETY_MIN_HALF_SPAN, SAFETY_MIN_HALF_SPAN)
         shown = [str(where["task"]), *(_drafter_title(str(where[name])) if name == "drafter" else
                                        f"T = {where[name]:g}" if name == "temperature" else str(where[name])
                                        for name in varying)]  # fmt: skip
