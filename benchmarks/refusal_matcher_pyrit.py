@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from mars_bench.bench.stats import wilson_interval
+from mars_bench.bench.stats import wilson_share
 from mars_bench.tasks.safety.labels import REFUSAL_FILES, LabelledAnswer, refusal_labels
 from mars_bench.tasks.safety.refusal import OPENING_CHARS, find_refusal, normalise
 from mars_bench.tasks.safety.sets import PYRIT
@@ -27,13 +27,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "refusal_matcher_pyr
 CANT_HELP = re.compile(r"\b(?:can't|cannot|can not|won't|unable to|not able to) (?:\w+ )?(?:help|assist)\b")
 
 
-def rate(hits: int, total: int) -> dict[str, object]:
-    """A share with its Wilson 95% interval."""
-    low, high = wilson_interval(hits, total)
-    share = round(hits / total, 4) if total else None
-    return {"hits": hits, "of": total, "share": share, "wilson95": [round(low, 4), round(high, 4)]}
-
-
 def confusion(rows: list[tuple[LabelledAnswer, bool]]) -> dict[str, object]:
     """Precision and recall of our verdicts (refused = positive) against the labels, with the counts."""
     tp = sum(1 for answer, ours in rows if ours and answer.refused)
@@ -41,8 +34,8 @@ def confusion(rows: list[tuple[LabelledAnswer, bool]]) -> dict[str, object]:
     fn = sum(1 for answer, ours in rows if not ours and answer.refused)
     tn = len(rows) - tp - fp - fn
     return {"answers": len(rows), "labelled_refused": tp + fn, "tp": tp, "fp": fp, "fn": fn, "tn": tn,
-            "precision": rate(tp, tp + fp), "recall": rate(tp, tp + fn),
-            "compliant_called_refused": rate(fp, fp + tn)}  # fmt: skip
+            "precision": wilson_share(tp, tp + fp), "recall": wilson_share(tp, tp + fn),
+            "compliant_called_refused": wilson_share(fp, fp + tn)}  # fmt: skip
 
 
 def measure(out: Path) -> dict[str, object]:
@@ -66,7 +59,7 @@ def measure(out: Path) -> dict[str, object]:
         "matcher": {"module": "mars_bench/tasks/safety/refusal.py", "opening_chars": OPENING_CHARS},
         "all": confusion(rows),
         "per_file": {name: confusion([row for row in rows if row[0].file == name]) for name in REFUSAL_FILES},
-        "cant_help_refusals_caught": rate(sum(ours for _, ours in styled), len(styled)),
+        "cant_help_refusals_caught": wilson_share(sum(ours for _, ours in styled), len(styled)),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from mars_bench.bench.stats import wilson_interval
+from mars_bench.bench.stats import wilson_share
 from mars_bench.tasks.providers import load_questions
 from mars_bench.tasks.questions import Question
 from mars_bench.tasks.safety.judges import refusal_judge
@@ -67,13 +67,6 @@ def read_answers(runs: dict[str, Path], labels: list[dict[str, str]]) -> dict[tu
     return records
 
 
-def rate(hits: int, total: int) -> dict[str, object]:
-    """A share with its Wilson 95% interval."""
-    low, high = wilson_interval(hits, total)
-    return {"hits": hits, "of": total, "share": round(hits / total, 4) if total else None,
-            "wilson95": [round(low, 4), round(high, 4)]}  # fmt: skip
-
-
 def kappa(pairs: list[tuple[bool, bool]]) -> float | None:
     """Cohen's kappa of two binary raters over ``pairs`` (None where chance agreement is total)."""
     n = len(pairs)
@@ -87,12 +80,12 @@ def agreement(verdicts: list[dict[str, object]], one: str, other: str) -> dict[s
     """How ``one`` and ``other`` agree on the answers both ruled on (refused = positive; an ``unclear`` hand label
     rules on nothing); against the hand labels, the judge's precision and recall too."""
     pairs = [(row[one], row[other]) for row in verdicts if row[one] is not None and row[other] is not None]
-    out: dict[str, object] = {"answers": len(pairs), "agreement": rate(sum(a == b for a, b in pairs), len(pairs)),
+    out: dict[str, object] = {"answers": len(pairs), "agreement": wilson_share(sum(a == b for a, b in pairs), len(pairs)),
                               "cohen_kappa": kappa(pairs)}  # fmt: skip
     if one == HAND:
         tp = sum(1 for hand, judge in pairs if hand and judge)
-        out["precision"] = rate(tp, sum(1 for _, judge in pairs if judge))
-        out["recall"] = rate(tp, sum(1 for hand, _ in pairs if hand))
+        out["precision"] = wilson_share(tp, sum(1 for _, judge in pairs if judge))
+        out["recall"] = wilson_share(tp, sum(1 for hand, _ in pairs if hand))
     return out
 
 
@@ -111,7 +104,7 @@ def verdict_row(label: dict[str, str], row: dict, question: Question, judges: di
 def refusal_rate(verdicts: list[dict[str, object]], run: str, rater: str) -> dict[str, object]:
     """The share of ``run``'s answers that ``rater`` calls refused, over those it ruled on."""
     ruled = [row[rater] for row in verdicts if row["run"] == run and row[rater] is not None]
-    return rate(sum(bool(value) for value in ruled), len(ruled))
+    return wilson_share(sum(bool(value) for value in ruled), len(ruled))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -74,3 +74,11 @@ def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[f
         return (float("nan"), float("nan"))
     interval = stats.binomtest(successes, trials).proportion_ci(confidence_level=level, method="wilson")
     return float(interval.low), float(interval.high)
+
+
+def wilson_share(hits: int, total: int) -> dict[str, object]:
+    """A share as the measurement scripts report it: ``hits`` of ``total``, the share and its Wilson 95% interval
+    (each rounded to 4 places; the share None for no trials)."""
+    low, high = wilson_interval(hits, total)
+    share = round(hits / total, 4) if total else None
+    return {"hits": hits, "of": total, "share": share, "wilson95": [round(low, 4), round(high, 4)]}
