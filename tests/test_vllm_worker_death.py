@@ -1,9 +1,9 @@
 """A vLLM worker that dies is named, and the cell's rows survive it; engines that do not fit in memory together
 run one after the other.
 
-Fast lane: a stand-in worker (``STAND_IN``: the JSON lines of ``serving/vllm_worker.py``, no vLLM) behind a fake
-vLLM Python, killed by SIGKILL in the middle of a generate call, through ``VllmWorker`` and through the app. The
-vLLM lane (``-m vllm``): the real worker, killed the same way."""
+A stand-in worker (``STAND_IN``: the JSON lines of ``serving/vllm_worker.py``, no vLLM) behind a fake vLLM Python,
+killed by SIGKILL in the middle of a generate call, through ``VllmWorker`` (the fast lane) and through the app (the
+suite: over a second each). The vLLM lane (``-m vllm``): the real worker, killed the same way."""
 
 from __future__ import annotations
 
@@ -177,6 +177,7 @@ def error_line(stderr: str) -> str:
     return line.removeprefix("mars_bench: error: ")
 
 
+@pytest.mark.slow  # two app runs, each starting stand-in workers: about 3 s
 def test_a_cell_whose_worker_dies_keeps_the_rows_it_wrote_and_a_rerun_decodes_only_the_rest(stand_in, tiny_target, tmp_path,
                                                                                             monkeypatch):  # fmt: skip
     """Engines together (64 GiB): per chunk of one question the methods alternate (baseline first in chunks 0
@@ -211,6 +212,7 @@ def test_a_cell_whose_worker_dies_keeps_the_rows_it_wrote_and_a_rerun_decodes_on
     assert all(row["agreement"] == 1.0 for row in rows if row["method"] == "mars")
 
 
+@pytest.mark.slow  # two app runs, each starting stand-in workers: about 3 s
 def test_engines_that_fit_only_alone_take_turns_and_a_rerun_loads_only_the_unfinished(stand_in, tiny_target, tmp_path,
                                                                                        monkeypatch):  # fmt: skip
     """10 GiB free: each engine (5 GiB: the tiny target, 4 GiB of KV space, 1 GiB for the worker) fits, not both.
