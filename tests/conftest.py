@@ -62,7 +62,8 @@ needs_shared_data = pytest.mark.skipif(
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that share a module-scoped fixture stay on one xdist worker (``--dist loadgroup``), so that
-    it is set up once; every other test goes to whichever worker is free. xdist groups a test by the
+    it is set up once, and so do the readers of the session's smoke run (``smoke_run``); every other test goes
+    to whichever worker is free. xdist groups a test by the
     ``@group`` it appends to the test's ``_nodeid``; pytest 9.2 reads ``nodeid`` from elsewhere, so there
     every group was lost and each worker set the fixtures up again (the test extra pins pytest 9.1.1;
     ``test_packaging`` checks the grouping holds)."""
@@ -70,6 +71,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(defs and defs[-1].scope == "module" for defs in definitions.values()):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        elif "smoke_run" in definitions:  # the session's one smoke run: its readers on one worker, so it runs once
+            item.add_marker(pytest.mark.xdist_group("smoke_run"))
 
 
 def mixed_prompts() -> list[list[int]]:

@@ -113,9 +113,14 @@ def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_ser
 
 
 def app_process_analysis(folder: Path) -> int:
+    """``python -m analysis FOLDER`` into FOLDER/analysis, its figures drawn but not rendered (only its tables are read)."""
+    import matplotlib.figure
+
     from analysis.__main__ import main
 
-    return main([str(folder), "--out", str(folder / "analysis")])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, path, **options: None)
+        return main([str(folder), "--out", str(folder / "analysis")])
 
 
 def sweep_that_gives_up_at_once_on_a_dead_job(*overrides: str) -> int:

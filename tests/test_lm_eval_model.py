@@ -42,11 +42,15 @@ def test_a_tree_drafts_no_deeper_than_its_node_budget_under_a_schedule():
 
 @pytest.fixture(scope="module")
 def session_smollm(smollm):
-    """Every MarsBenchLM here gets the session's SmolLM2 in fp32 (``conftest.smollm``) from its backend's loader, one
-    load for the module (the docs' lm-eval command, in test_readme, loads it through the loader itself)."""
+    """Every MarsBenchLM here on SmolLM2 gets the session's SmolLM2 in fp32 (``conftest.smollm``) from its backend's
+    loader, one load for the module (the docs' lm-eval command, in test_readme, loads it through the loader itself);
+    another model (the tiny target) loads as it would."""
+    real = hf.load_model
 
     def load(name: str, dtype: str = "bfloat16", **options):
-        assert (name, dtype) == (SMOLLM, "float32"), (name, dtype)
+        if name != SMOLLM:
+            return real(name, dtype=dtype, **options)
+        assert dtype == "float32", (name, dtype)
         return smollm
 
     hf.forget_loaded_models()  # the backend's loads are cached per process: the next ones load through ``load``
@@ -86,24 +90,32 @@ def layerskip_lm(session_smollm):
     return MarsBenchLM(target=SMOLLM, drafter="layerskip", verifier="exact", dtype="float32", layers=24)
 
 
-@pytest.fixture()
-def decodes(layerskip_lm, monkeypatch):
-    """Every request the lm-eval model decodes: (the method its backend ran, the request's result)."""
+@pytest.fixture(scope="module")
+def tiny_lm(session_smollm, tiny_target):
+    """The lm-eval model on the tiny target (conftest.tiny_target: SmolLM2's tokenizer and chat template, a random
+    model), drafting with its first 2 of 4 layers: for what the harness does with a request's stop strings and
+    sampling, which holds for any model."""
+    return MarsBenchLM(target=str(tiny_target), drafter="layerskip", verifier="exact", dtype="float32", layers=2)
+
+
+def recorded_decodes(lm: MarsBenchLM, monkeypatch) -> list:
+    """Every request ``lm`` decodes from now on: (the method its backend ran, the request's result)."""
     calls = []
-    generate = layerskip_lm.backend.generate
+    generate = lm.backend.generate
 
     def recorded(method, requests):
         results = generate(method, requests)
         calls.extend((method, result) for result in results)
         return results
 
-    monkeypatch.setattr(layerskip_lm.backend, "generate", recorded)
+    monkeypatch.setattr(lm.backend, "generate", recorded)
     return calls
 
 
 @pytest.mark.slow
-def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(layerskip_lm, decodes):
+def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(layerskip_lm, monkeypatch):
     lm = layerskip_lm
+    decodes = recorded_decodes(lm, monkeypatch)  # SmolLM2: the tiny target's greedy text repeats one token
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
     prompt = lm.tokenizer(context, add_special_tokens=False)["input_ids"]
     full, = lm.backend.generate(lm.method(lm.spec), Requests([prompt], [lm.seed], STORY_TOKENS, lm.stops))
@@ -124,8 +136,9 @@ def test_a_stop_string_ends_decoding_where_it_appears_and_the_answer_is_todays(l
 
 
 @pytest.mark.slow
-def test_a_task_asking_for_sampling_is_sampled(layerskip_lm, decodes):
-    lm = layerskip_lm
+def test_a_task_asking_for_sampling_is_sampled(tiny_lm, monkeypatch):
+    lm = tiny_lm
+    decodes = recorded_decodes(lm, monkeypatch)
     context = lm.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
     greedy = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS})
     sampled = lm.generate(context, {"until": [], "max_gen_toks": SAMPLED_TOKENS, "do_sample": True, "temperature": 1.0})

@@ -426,7 +426,7 @@ def test_a_single_run_with_fidelity(zoo):
 
 
 def test_the_safety_sweep_composes_each_task_with_its_scorer_and_judge():
-    """The four safety tasks under exact and mars, composed (tests/test_safety.py runs them on SmolLM2-135M)."""
+    """The four safety tasks under exact and mars, composed (tests/test_safety.py runs them, on the tiny target)."""
     cells = composed_cells(shown("python -m mars_bench -m task=harmful,jailbreak,injection,over_refusal"))
     scorers = {"harmful": "refusal_rate", "jailbreak": "attack_success", "injection": "injection_success",
                "over_refusal": "over_refusal"}  # fmt: skip

@@ -24,6 +24,7 @@ from mars_bench.backends.base import EngineStopped
 from mars_bench.backends.hf import cached_model, forget_loaded_models, load_models
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key, batch_baseline_key
 from mars_bench.bench.claims import Claim
+from mars_bench.bench.contention import ContentionMeter
 from mars_bench.bench.failures import is_cell_failure
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.progress import TokenProgress
@@ -55,6 +56,8 @@ class Cell:
     (``check_run_config``)."""
 
     def __init__(self, cfg: Any, folder: Path, name: str, on_write: Any = None, spec: MethodSpec | None = None) -> None:
+        self.load_meter = ContentionMeter()  # other processes' use while the cell loads: the manifest's machine_load
+        self.load_meter.start()
         self.spec = check_run_config(cfg, spec)  # the cell's method, built once
         self.cfg, self.folder, self.name = cfg, folder, name
         served = serve_questions(cfg.task, cfg.data_dir)
@@ -138,7 +141,7 @@ class Cell:
         config = OmegaConf.to_container(self.cfg, resolve=True)
         seeds = {"seed": self.cfg.seed, "per_turn": "seed * 1_000_003 + question_index * 101 + turn"}
         methods = {method.label: self.backend.describe(method) for method in self.methods}
-        self.manifest = build_manifest(config, self.backend.models(), seeds, methods, self.question_source)
+        self.manifest = build_manifest(config, self.backend.models(), seeds, methods, self.question_source, self.load_meter)
         if self.plan.line is not None:
             self.manifest["methods_plan"] = {"together": self.plan.together, "line": self.plan.line}
         self.manifest_path = write_manifest(self.folder, self.manifest)

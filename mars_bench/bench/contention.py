@@ -174,11 +174,14 @@ class ContentionMeter:
                 return window
 
 
-def machine_load(window_s: float = 0.5) -> dict[str, Any]:
-    """The machine's load when a run starts: the kernel's load averages and other processes' use over ``window_s``."""
+def machine_load(since: ContentionMeter | None = None, window_s: float = 0.5) -> dict[str, Any]:
+    """The machine's load when a run starts: the kernel's load averages and other processes' use since ``since`` was
+    started (a cell starts it as it begins, so the window is its loading, and nothing waits), else over the next
+    ``window_s`` seconds."""
     try:
         one, five, fifteen = os.getloadavg()
         averages: list[float] | None = [round(one, 2), round(five, 2), round(fifteen, 2)]
     except OSError:
         averages = None
-    return {"loadavg": averages, "cores": os.cpu_count(), "window_s": window_s, **ContentionMeter().sample(window_s).to_record()}
+    window = since.stop() if since is not None and since.started is not None else ContentionMeter().sample(window_s)
+    return {"loadavg": averages, "cores": os.cpu_count(), "window_s": round(window.wall_s, 3), **window.to_record()}

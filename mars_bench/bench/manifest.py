@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mars_bench.bench.contention import machine_load
+from mars_bench.bench.contention import ContentionMeter, machine_load
 from mars_bench.bench.records import MANIFEST_FILE
 from mars_bench.common.paths import CONF_DIR, PACKAGE_DIR
 from mars_bench.models.placement import drafter_device, input_device, placement
@@ -152,10 +152,12 @@ def build_manifest(
     seeds: dict[str, Any],
     methods: dict[str, Any] | None = None,
     questions: dict[str, Any] | None = None,
+    load: ContentionMeter | None = None,
 ) -> dict[str, Any]:
     """``models``: role -> LoadedModel. ``methods``: label -> the drafter's and verifier's settings.
     ``questions``: where the task's questions came from (a file, a Hub dataset or a pinned package;
-    ``tasks.providers.QuestionSet.source``)."""
+    ``tasks.providers.QuestionSet.source``). ``load``: a meter started when the run began, read for the machine's
+    load (``machine_load``; None: half a second is sampled now)."""
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
@@ -166,7 +168,7 @@ def build_manifest(
         "source_sha256": source_hash(),
         "cpu": cpu_description(),
         "gpu": gpu_description(),
-        "machine_load": machine_load(),
+        "machine_load": machine_load(load),
         "models": {role: model_record(role, loaded, models) for role, loaded in models.items()},
         "methods": methods or {},
         "questions": questions,
