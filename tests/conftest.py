@@ -63,7 +63,7 @@ needs_shared_data = pytest.mark.skipif(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that share a module-scoped fixture stay on one xdist worker (``--dist loadgroup``), so that
     it is set up once, and so do the readers of the session's smoke run (``smoke_run``); every other test goes
-    to whichever worker is free. xdist groups a test by the
+    to whichever worker is free, after the groups. xdist groups a test by the
     ``@group`` it appends to the test's ``_nodeid``; pytest 9.2 reads ``nodeid`` from elsewhere, so there
     every group was lost and each worker set the fixtures up again (the test extra pins pytest 9.1.1;
     ``test_packaging`` checks the grouping holds)."""
@@ -73,6 +73,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         elif "smoke_run" in definitions:  # the session's one smoke run: its readers on one worker, so it runs once
             item.add_marker(pytest.mark.xdist_group("smoke_run"))
+    # The groups first: xdist hands out work in this order, so the long groups start while the single tests are
+    # left to fill in behind them, rather than one group running alone at the end on one core.
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 def mixed_prompts() -> list[list[int]]:
