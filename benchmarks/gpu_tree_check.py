@@ -128,10 +128,10 @@ def measure(shape: dict[str, Any], device: torch.device, prefix: int, repeats: i
     context = torch.randint(0, shape["vocab_size"], (prefix,), generator=torch.Generator().manual_seed(0))
     cache = DynamicCache(config=target.config)
     _, features = cached_forward(target, context[:-1], cache, hidden_layers=drafter.hidden_layers)
-    drafter.begin(context[:-1], features)
+    drafter.begin([context[:-1]], [features])
     root = context[-1:].to(device)
     sample = SamplingParams(temperature=1.0)
-    draft = drafter.propose(context, DEPTH, sample, generator)
+    (draft,) = drafter.propose([context], [DEPTH], sample, [generator])
     tree_parents = block_parents(draft.parents)
     chain = torch.randint(0, shape["vocab_size"], (CHAIN,), device=device)
 
@@ -150,7 +150,7 @@ def measure(shape: dict[str, Any], device: torch.device, prefix: int, repeats: i
         "target_tree_with_features_ms": median_ms(
             lambda: target_forward(tree_block, tree_parents, drafter.hidden_layers), clock, repeats
         ),
-        "head_tree_draft_ms": median_ms(lambda: drafter.propose(context, DEPTH, sample, generator), clock, repeats),
+        "head_tree_draft_ms": median_ms(lambda: drafter.propose([context], [DEPTH], sample, [generator]), clock, repeats),
     }
     logits = target_forward(tree_block, tree_parents)
     verify: dict[str, float] = {}

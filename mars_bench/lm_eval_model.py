@@ -33,7 +33,6 @@ from mars_bench.decoding.draft_length import DraftLengthSettings
 from mars_bench.decoding.stop_strings import StopStrings
 from mars_bench.decoding.tally import DecodeTally
 from mars_bench.drafting import drafter_needs_model, drafter_settings
-from mars_bench.drafting.batched import check_batch_drafter
 from mars_bench.method import MethodSpec
 from mars_bench.verification import WINDOW, verifier_settings
 from mars_bench.verification.sampling import SamplingParams
@@ -58,7 +57,7 @@ class MarsBenchLM(LM):
     package's engine), built from the app's run config of the method (``backend_config``).
 
     lm-eval's ``--batch_size B`` decodes up to B consecutive requests of the same ``gen_kwargs`` together
-    in the one engine (a user drafter is refused there); 1 decodes each alone, as a batch of one."""
+    in the one engine; 1 decodes each alone, as a batch of one."""
 
     def __init__(
         self,
@@ -75,7 +74,7 @@ class MarsBenchLM(LM):
     ) -> None:
         super().__init__()
         self.spec = lm_eval_spec(drafter, verifier, settings)  # every value checked before any model loads
-        self.batch_size = check_batch_size(batch_size, self.spec.drafter)
+        self.batch_size = check_batch_size(batch_size)
         if drafter_needs_model(self.spec.drafter) and not draft_model:
             raise ValueError(f"drafter={self.spec.drafter} needs draft_model=<Hub id or folder>")
         self.max_new_tokens, self.seed = int(max_new_tokens), int(seed)
@@ -166,14 +165,11 @@ class MarsBenchLM(LM):
         raise NotImplementedError("mars_bench scores generative tasks only (generate_until)")
 
 
-def check_batch_size(batch_size: int | str, drafter: str) -> int:
-    """lm-eval's ``--batch_size`` as an integer >= 1 (ValueError in one line otherwise: ``auto`` too), and
-    above 1 only for a drafter the batched engine batches."""
+def check_batch_size(batch_size: int | str) -> int:
+    """lm-eval's ``--batch_size`` as an integer >= 1 (ValueError in one line otherwise: ``auto`` too)."""
     text = str(batch_size)
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"batch_size={text!r} is invalid: allowed is an integer >= 1")
-    if int(text) > 1:
-        check_batch_drafter(drafter)
     return int(text)
 
 

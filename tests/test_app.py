@@ -139,19 +139,18 @@ def test_the_first_line_names_the_method_and_its_tuning():
     )
 
 
-def test_a_setting_that_rides_on_one_sequence_is_refused_at_batch_size_above_1_not_dropped():
-    refused = (r"^drafter.guesses=3 \(set by tuning=cpu; tuning=none drafts without it\) "
-               r"rides on one sequence's drafter forwards: allowed at batch_size=4 is drafter.guesses=0$")
-    with pytest.raises(ValueError, match=refused):
-        check_run_config(run_config("batch_size=4"))
-    with pytest.raises(ValueError, match=r"^drafter.context_vocab=true .*at batch_size=2 is drafter.context_vocab=false$"):
-        check_run_config(run_config("batch_size=2", "drafter.guesses=0"))
-    cfg = run_config("batch_size=4", "drafter.guesses=0", "drafter.context_vocab=false")
-    check_run_config(cfg)
+def test_the_tuned_default_runs_at_batch_size_above_1_as_typed_with_every_setting_it_names():
     from mars_bench.config.method import method_spec
+    from mars_bench.config.run_line import run_line
 
-    assert method_spec(cfg).drafter_settings.guesses == 0  # what runs is what the command says
-    batching = run_config("experiment=batching", "batch_size=4")  # the recipe says it, at every batch size
+    cfg = run_config("batch_size=4")
+    check_run_config(cfg)  # guesses and context tokens draft per row: nothing is refused, nothing dropped
+    assert _drafter_keys(cfg) == TUNED_PAIR and cfg.drafter.context_vocab
+    settings = method_spec(cfg).drafter_settings
+    assert settings.guesses == 3 and settings.context_vocab  # what runs is what the command says
+    line = run_line(cfg, method_spec(cfg))
+    assert "context_vocab=True,weights=int4,guesses=3" in line and "batch_size=4" in line
+    batching = run_config("experiment=batching", "batch_size=4")  # the recipe drafts as its committed run drafted
     check_run_config(batching)
     assert _drafter_keys(batching) == {**TUNED_PAIR, "guesses": 0}
 

@@ -6,6 +6,7 @@ same per-prompt seeds, since a row draws from its own stream. Rows leave the bat
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from conftest import SHARED_DATA, HostSyncs, OnDevice, mixed_prompts, tiny_model
 from mars_bench import build_drafter
 from mars_bench.decoding import decode
 from mars_bench.decoding.batched import _Batch, decode_batch
-from mars_bench.drafting.base import Drafter
+from mars_bench.drafting import register_drafter
+from mars_bench.drafting.base import Draft, DrafterContext, SequenceDrafter
+from mars_bench.drafting.lookup import lookup_continuation
 from mars_bench.drafting.model import ModelDrafter
 from mars_bench.drafting.stop import ConfidenceStop, GainStop
 
@@ -172,22 +175,65 @@ def test_a_row_that_stops_leaves_the_batch_and_the_others_decode_on(tiny):
     assert together[2].decode_s < max(result.decode_s for result in together)  # its latency ends where it stops
 
 
-class OwnDrafter(Drafter):
-    """A drafter of a user's own, with no batched form: the engine drafts one row with it, never several."""
+@dataclass(frozen=True)
+class ShrinkingSettings:
+    """Settings of ``shrinking``: the most drafts a step."""
 
-    name = "mine"
+    most: int = 4
 
-    def propose(self, context, max_drafts, sampling, generator):
-        return build_drafter("lookup").propose(context, max_drafts, sampling, generator)
+
+class ShrinkingLookup(SequenceDrafter):
+    """A drafter of a user's own, written for one sequence: prompt lookup's continuation, cut to a budget of its
+    own per sequence (``most`` at first, one fewer after a step that rejected a draft, ``most`` again after one that
+    kept them all), so a row that drafted with another row's state would draft other lengths."""
+
+    name = "shrinking"
+
+    def __init__(self, device, settings: ShrinkingSettings) -> None:
+        self.device, self.settings = device, settings
+
+    def begin_sequence(self, prompt, features=None) -> None:
+        self.budget, self.drafted = self.settings.most, 0
+
+    def propose_sequence(self, context, max_drafts, sampling, generator) -> Draft:
+        tokens = lookup_continuation(context, min(max_drafts, self.budget), 1, 3)
+        self.drafted = len(tokens)
+        return Draft(tokens.to(self.device), probs=torch.ones(len(tokens), device=self.device), host_tokens=tokens)
+
+    def accept_sequence(self, path, features=None) -> None:
+        self.budget = self.settings.most if len(path) == self.drafted else max(1, self.budget - 1)
+
+
+@pytest.fixture
+def shrinking(monkeypatch):
+    """``shrinking`` registered once, through ``register_drafter`` as a user registers a drafter, into a copy of the
+    registry that the test's end puts back (so no other test sees it)."""
+    from mars_bench.drafting import base
+
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+
+    @register_drafter("shrinking", settings=ShrinkingSettings)
+    def shrinking_drafter(settings: ShrinkingSettings, context: DrafterContext) -> ShrinkingLookup:
+        return ShrinkingLookup(context.device or torch.device("cpu"), settings)
+
+    return "shrinking"
+
+
+def test_a_drafter_a_user_registers_decodes_at_batch_4_what_it_decodes_alone_and_exact_keeps_the_baseline(tiny, shrinking):
+    prompts = mixed_prompts()[:4]
+    drafter = build_drafter(shrinking, most=3)
+    settings = {"max_new_tokens": 16, "gamma": 4}
+    baseline = [decode(tiny, None, None, prompt, max_new_tokens=16).tokens for prompt in prompts]
+    alone = [decode(tiny, drafter, "exact", prompt, **settings) for prompt in prompts]
+    together = decode_batch(tiny, drafter, "exact", prompts, **settings)
+    assert [result.tokens for result in together] == [result.tokens for result in alone] == baseline
+    assert [[(s.drafted, s.accepted) for s in r.steps] for r in together] == [[(s.drafted, s.accepted) for s in r.steps]
+                                                                               for r in alone]  # fmt: skip
+    steps = [step for result in together for step in result.steps]
+    assert 0 < sum(step.accepted for step in steps) < sum(step.drafted for step in steps)  # kept and rejected drafts
 
 
 def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
-    alone = decode_batch(tiny, OwnDrafter(), "exact", [[1, 2, 3, 1, 2]], max_new_tokens=6)  # one row: its own code
-    assert alone[0].tokens == decode(tiny, None, None, [1, 2, 3, 1, 2], max_new_tokens=6).tokens
-    allowed = "none, lookup, model, layerskip, model_tree, eagle3"
-    refused = f"drafter='mine' is not batched yet \\(batch_size > 1\\): allowed are {allowed}"
-    with pytest.raises(ValueError, match=refused):
-        decode_batch(tiny, OwnDrafter(), "exact", [[1, 2, 3], [4]])
     with pytest.raises(ValueError, match="prompts is empty"):
         decode_batch(tiny, None, None, [])
     with pytest.raises(ValueError, match="prompt 1 is empty"):

@@ -1,6 +1,7 @@
 """drafter.guesses: prompt-lookup guesses ride along with the model drafter's forwards. Every guess the
 drafter's own choice confirms is a draft from the same forward, so the drafts (and so the outputs) are
-the ones drafted without guesses, in fewer drafter forwards."""
+the ones drafted without guesses, in fewer drafter forwards; in a batch, each row's guesses are its own
+and its drafts are those it drafts alone."""
 
 from __future__ import annotations
 
@@ -62,33 +63,70 @@ def test_a_bad_guesses_value_is_refused_in_one_line(value):
         ModelSettings(guesses=value)
 
 
-def test_a_run_at_batch_size_4_says_it_drafts_without_guesses_and_its_label_says_so():
+def successor_model(jump: int, seed: int):
+    """A 2-layer Llama over 96 tokens whose greedy next token is the newest one + 1 (+ 1 + ``jump`` after a multiple
+    of 7), its random layers scaled down so that the context moves its probabilities only: on ascending prompts,
+    prompt lookup guesses what it drafts."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=False, attn_implementation="sdpa")  # fmt: skip
+    config.initializer_range = 0.2
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    tokens = torch.arange(96)
+    model.model.embed_tokens.weight.zero_()[tokens, tokens] = 1.0
+    model.lm_head.weight.zero_()[(tokens + 1 + jump * (tokens % 7 == 0)) % 96, tokens] = 1.0
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight.mul_(0.002)
+        layer.mlp.down_proj.weight.mul_(0.002)
+    return model
+
+
+# Ascending prompts, one with a run broken off: at (14, 18) lookup guesses 70, which the drafter's 19 refutes.
+ASCENDING = [[*range(90), 10, 11], [*range(5, 70), 30], [*range(40), 14, 18, 70, 71, 72, 8, 9], [3, 4, *range(80)]]
+
+
+def batch_drafts(guesses: int, temperature: float, batched: bool) -> tuple[list, list, int]:
+    """``counted_drafts`` on ``ASCENDING``, decoded one by one or as one batch of four: a target that mostly goes up
+    by one, drafted by a model that always does, under a stop rule (greedy a confidence stop, sampling a gain stop)."""
+    from mars_bench.decoding.batched import decode_batch
+
+    target = successor_model(jump=3, seed=0)
+    stop = ConfidenceStop(0.5) if temperature == 0 else GainStop(0.02)
+    drafter = ModelDrafter(successor_model(jump=0, seed=1), 96, stop=stop, settings=ModelSettings(guesses=guesses))
+    settings = {"max_new_tokens": 24, "temperature": temperature, "draft_length": FixedLength(6)}
+    verifier = "exact" if temperature == 0 else "rejection"
+    forwards = []
+    hook = drafter.model.register_forward_pre_hook(lambda *args: forwards.append(1))
+    try:
+        if batched:
+            results = decode_batch(target, drafter, verifier, ASCENDING, seeds=range(len(ASCENDING)), **settings)
+        else:
+            results = [decode(target, drafter, verifier, prompt, seed=seed, **settings) for seed, prompt in enumerate(ASCENDING)]
+    finally:
+        hook.remove()
+    return [r.tokens for r in results], [[(s.drafted, s.accepted) for s in r.steps] for r in results], len(forwards)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_guesses_draft_each_row_of_a_batch_as_alone_and_as_without_guesses_in_fewer_forwards(temperature):
+    outputs, steps, _ = batch_drafts(3, temperature, batched=False)
+    batched_outputs, batched_steps, forwards = batch_drafts(3, temperature, batched=True)
+    unguessed_outputs, unguessed_steps, unguessed_forwards = batch_drafts(0, temperature, batched=True)
+    assert batched_outputs == outputs == unguessed_outputs  # each row draws its own uniforms, one per draft, as alone
+    assert batched_steps == steps == unguessed_steps
+    assert any(0 < accepted < drafted for row in steps for drafted, accepted in row)  # drafts kept and rejected
+    assert forwards < unguessed_forwards
+
+
+def test_the_tuned_default_keeps_its_guesses_and_context_tokens_at_batch_size_4():
     from conftest import run_config
 
     from mars_bench.config.checks import check_run_config
     from mars_bench.config.method import method_spec
 
-    single = run_config()  # the embedded pair's tuning sets guesses=3 and context_vocab
-    assert single.drafter.guesses == 3 and single.drafter.context_vocab
-    assert "guesses=3" in method_spec(single).drafter_setting and "context_vocab=True" in method_spec(single).drafter_setting
-    with pytest.raises(ValueError, match=r"^drafter.guesses=3 \(set by tuning=cpu"):
-        check_run_config(run_config("batch_size=4"))  # refused in one line, not dropped
-    batched = run_config("batch_size=4", "drafter.guesses=0", "drafter.context_vocab=false")
+    batched = run_config("batch_size=4")  # the embedded pair's tuning sets guesses=3 and context_vocab
     check_run_config(batched)
-    assert method_spec(batched).drafter_settings.guesses == 0 and "guesses" not in method_spec(batched).drafter_setting
-    assert not method_spec(batched).drafter_settings.context_vocab and "context_vocab" not in method_spec(batched).drafter_setting
-
-
-def test_the_batched_engine_refuses_a_drafter_with_guesses_in_one_line():
-    from conftest import tiny_model
-
-    from mars_bench.drafting.batched import batch_drafter
-
-    drafter = ModelDrafter(tiny_model(), settings=ModelSettings(guesses=2))
-    with pytest.raises(
-        ValueError, match=r"^drafter.guesses=2 rides on one sequence's drafter forwards: allowed at batch_size > 1 is 0$"
-    ):
-        batch_drafter(drafter)
-    prompted = ModelDrafter(tiny_model(), settings=ModelSettings(draft_vocab=8, context_vocab=True))
-    with pytest.raises(ValueError, match=r"^drafter.context_vocab=true scores one sequence's own tokens: allowed at batch_"):
-        batch_drafter(prompted)
+    assert batched.drafter.guesses == 3 and batched.drafter.context_vocab
+    assert "guesses=3" in method_spec(batched).drafter_setting and "context_vocab=True" in method_spec(batched).drafter_setting

@@ -137,54 +137,73 @@ def test_the_contexts_tokens_get_the_full_heads_logits_until_the_next_context_re
     model = tiny_model(seed=3)
     cut = reduced(model, SUBSET)
     full = logits_of(model)
-    cut.use_context_tokens(torch.tensor([9, 4, 60, 9]))  # 4 is in the subset already; 9 twice
+    cut.use_context_tokens([torch.tensor([9, 4, 60, 9])])  # 4 is in the subset already; 9 twice
     assert cut.context_ids.tolist() == [9, 60]
     mine = logits_of(cut)
     assert torch.allclose(mine[:, [*SUBSET, 9, 60]], full[:, [*SUBSET, 9, 60]], atol=1e-5)
     assert torch.isneginf(mine[:, [1, 2, 5, 59]]).all()
-    cut.use_context_tokens(torch.tensor([2]))
+    cut.use_context_tokens([torch.tensor([2])])
     again = logits_of(cut)
     assert torch.isneginf(again[:, [9, 60]]).all() and torch.allclose(again[:, 2], full[:, 2], atol=1e-5)
-    cut.use_context_tokens(torch.tensor([4, 17]))  # nothing beyond the subset
+    cut.use_context_tokens([torch.tensor([4, 17])])  # nothing beyond the subset
     assert cut.context_head is None and torch.isneginf(logits_of(cut)[:, 2]).all()
 
 
 def test_the_context_rows_of_a_quantized_drafter_are_quantized_as_the_whole_quantized_head_quantizes_them():
     model = tiny_model(seed=3)
     quantized_cut = quantized_draft_model(reduced(model, SUBSET), "int4")
-    quantized_cut.use_context_tokens(torch.tensor([9, 60, 61]))
+    quantized_cut.use_context_tokens([torch.tensor([9, 60, 61])])
     assert is_quantized(quantized_cut.context_head)
     scored, whole = [*SUBSET, 9, 60, 61], quantized_draft_model(model, "int4")
     assert torch.allclose(logits_of(quantized_cut)[:, scored], logits_of(whole)[:, scored], atol=1e-4)
 
 
-def test_the_model_drafter_with_context_tokens_drafts_them_and_only_them_beyond_the_subset(tmp_path):
-    draft = tiny_model(seed=7, layers=2)
+def counted_drafter(tmp_path, **settings):
+    """The model drafter over a tiny draft model, its vocabulary cut to the 4 tokens a count file ranks first
+    (3, 8, 40, 41)."""
     counts = np.zeros(96)
     counts[[3, 8, 40, 41, 42, 60]] = [9, 8, 7, 6, 5, 4]
     np.save(tmp_path / "counts.npy", counts)
-    drafter = build_drafter("model", model=draft, vocab_size=96, draft_vocab=4, token_counts=str(tmp_path / "counts.npy"),
-                            context_vocab=True)  # fmt: skip
+    draft, count_file = tiny_model(seed=7, layers=2), str(tmp_path / "counts.npy")
+    return build_drafter("model", model=draft, vocab_size=96, draft_vocab=4, token_counts=count_file, **settings)
+
+
+def test_the_model_drafter_with_context_tokens_drafts_them_and_only_them_beyond_the_subset(tmp_path):
+    drafter = counted_drafter(tmp_path, context_vocab=True)
     prompt, generator = torch.tensor(PROMPTS[1]), torch.Generator().manual_seed(0)
-    drafter.begin(prompt)
-    proposal = drafter.propose(prompt, 5, SamplingParams(temperature=1.0), generator)
+    drafter.begin([prompt])
+    (proposal,) = drafter.propose([prompt], [5], SamplingParams(temperature=1.0), [generator])
     allowed = {3, 8, 40, 41, *PROMPTS[1]}
     off = torch.ones(96, dtype=torch.bool).index_fill_(0, torch.tensor(sorted(allowed)), False)
     assert set(proposal.tokens.tolist()) <= allowed
     assert (proposal.dists[:, off] == 0).all() and (proposal.dists[:, [1, 4, 42]] > 0).all()  # the prompt's, off the subset
-    drafter.accept([])
+    drafter.accept([[]])
     grown = torch.cat([prompt, torch.tensor([77])])  # the target emitted 77: the next drafts may repeat it
-    assert (drafter.propose(grown, 3, SamplingParams(temperature=1.0), generator).dists[:, 77] > 0).all()
+    assert (drafter.propose([grown], [3], SamplingParams(temperature=1.0), [generator])[0].dists[:, 77] > 0).all()
+
+
+def test_in_a_batch_each_row_scores_its_own_contexts_tokens_and_drafts_as_alone(tmp_path):
+    drafter = counted_drafter(tmp_path, context_vocab=True)
+    prompts, sampling = [torch.tensor([1, 5, 9, 2, 7]), torch.tensor([11, 50, 60, 61, 11, 3])], SamplingParams(temperature=1.0)
+    alone = []
+    for seed, prompt in enumerate(prompts):
+        drafter.begin([prompt])
+        alone += drafter.propose([prompt], [4], sampling, [torch.Generator().manual_seed(seed)])
+    drafter.begin(prompts)
+    together = drafter.propose(prompts, [4, 4], sampling, [torch.Generator().manual_seed(seed) for seed in range(2)])
+    for row, (mine, theirs) in enumerate([(0, 1), (1, 0)]):
+        own, others = set(prompts[mine].tolist()), set(prompts[theirs].tolist())
+        assert (together[row].dists[:, sorted(own - {3, 8, 40, 41})] > 0).all()
+        assert (together[row].dists[:, sorted(others - own - {3, 8, 40, 41})] == 0).all()  # the other row's tokens: not
+        assert together[row].tokens.tolist() == alone[row].tokens.tolist()
+        assert torch.allclose(together[row].dists, alone[row].dists, atol=1e-6)
 
 
 def test_the_model_drafter_over_a_subset_drafts_only_subset_tokens_with_q_zero_elsewhere(tmp_path):
-    draft = tiny_model(seed=7, layers=2)
-    counts = np.zeros(96)
-    counts[[3, 8, 40, 41, 42, 60]] = [9, 8, 7, 6, 5, 4]
-    np.save(tmp_path / "counts.npy", counts)
-    drafter = build_drafter("model", model=draft, vocab_size=96, draft_vocab=4, token_counts=str(tmp_path / "counts.npy"))
-    drafter.begin(torch.tensor(PROMPTS[1]))
-    proposal = drafter.propose(torch.tensor(PROMPTS[1]), 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    drafter = counted_drafter(tmp_path)
+    prompt = torch.tensor(PROMPTS[1])
+    drafter.begin([prompt])
+    (proposal,) = drafter.propose([prompt], [5], SamplingParams(temperature=1.0), [torch.Generator().manual_seed(0)])
     assert set(proposal.tokens.tolist()) <= {3, 8, 40, 41}
     off = torch.ones(96, dtype=torch.bool).index_fill_(0, torch.tensor([3, 8, 40, 41]), False)
     assert (proposal.dists[:, off] == 0).all() and torch.allclose(proposal.dists.sum(-1), torch.ones(5))

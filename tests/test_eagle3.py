@@ -70,22 +70,23 @@ def eagle3(target, head=None, **settings) -> Eagle3Drafter:
 
 
 class RecordingDrafter(Eagle3Drafter):
-    """Keeps what the last ``propose`` computed: ``root`` (the head's draft logits and hidden
-    after the context), ``grown`` (the whole tree before pruning to tree_tokens - 1 nodes) and
-    ``outputs`` {node of grown: (draft logits, hidden)} for every node fed to the head."""
+    """Keeps what the last ``propose`` of one sequence computed: ``root_seen`` (the head's draft logits and hidden
+    after the context), ``grown`` (the whole tree before pruning to tree_tokens - 1 nodes) and ``outputs``
+    {node of grown: (draft logits, hidden)} for every node fed to the head."""
 
     def propose(self, *args, **kwargs):
         self.grown, self.outputs = None, {}
         return super().propose(*args, **kwargs)
 
-    def root_outputs(self, context):
-        self.root_seen = super().root_outputs(context)
-        return self.root_seen
+    def root_outputs(self, contexts):
+        logits, hidden = super().root_outputs(contexts)
+        self.root_seen = (logits[0], hidden[0])
+        return logits, hidden
 
-    def feed_frontier(self, frontier, parent_hidden, committed):
-        logits, hidden = super().feed_frontier(frontier, parent_hidden, committed)
-        self.grown = frontier.tree
-        self.outputs.update({node: (logits[row], hidden[row]) for row, node in enumerate(frontier.nodes.tolist())})
+    def feed_frontiers(self, frontiers, parent_hidden, context):
+        logits, hidden = super().feed_frontiers(frontiers, parent_hidden, context)
+        self.grown = frontiers.trees.row(0)
+        self.outputs.update({node: (logits[0, row], hidden[0, row]) for row, node in enumerate(frontiers.nodes[0].tolist())})
         return logits, hidden
 
     def grown_lists(self) -> tuple[list[int], list[int], list[float]]:
@@ -126,7 +127,7 @@ def next_token(target, ids: list[int]) -> int:
 
 def started(target, drafter: Eagle3Drafter, prompt: list[int]) -> list[int]:
     """Begin like the engine: prefill, choose the first token; returns the context."""
-    drafter.begin(torch.tensor(prompt), features(target, drafter, prompt))
+    drafter.begin([torch.tensor(prompt)], [features(target, drafter, prompt)])
     return prompt + [next_token(target, prompt)]
 
 
@@ -186,12 +187,12 @@ def test_a_head_in_the_official_layout_loads_and_drafts_a_valid_tree(target, tmp
     assert torch.equal(head.lm_head.weight.cpu(), state["lm_head.weight"]) and torch.equal(head.d2t.cpu(), state["d2t"])
     context = started(target, drafter, PROMPT)
     for max_drafts in (1, 3, 5):
-        draft = drafter.propose(torch.tensor(context), max_drafts, GREEDY, None)
+        draft = drafter.propose([torch.tensor(context)], [max_drafts], GREEDY, [None])[0]
         check_tree(draft, max_drafts, 12, used)
         assert draft.tokens.device == target.get_input_embeddings().weight.device
         assert head.cache_length == len(context) - 1  # only committed pairs stay cached
     # Drafting is top-k, the same in sampling mode.
-    sampled = drafter.propose(torch.tensor(context), 5, SamplingParams(temperature=0.8, top_p=0.9), torch.Generator())
+    sampled = drafter.propose([torch.tensor(context)], [5], SamplingParams(temperature=0.8, top_p=0.9), [torch.Generator()])[0]
     assert torch.equal(sampled.tokens, draft.tokens) and torch.equal(sampled.parents, draft.parents)
 
 
@@ -200,18 +201,18 @@ def test_accepting_feeds_the_committed_pairs_as_a_from_scratch_run_would(target,
     reference = recording(target, head_dir, top_k=3, tree_tokens=10)  # its own head and cache
     context = started(target, drafter, PROMPT)
     for _ in range(4):
-        draft = drafter.propose(torch.tensor(context), 4, GREEDY, None)
+        draft = drafter.propose([torch.tensor(context)], [4], GREEDY, [None])[0]
         parents = draft.parents.tolist()
         path = [len(parents) - 1]  # accept the path to the last node
         while parents[path[0]] >= 0:
             path.insert(0, parents[path[0]])
         kept = context + [int(draft.tokens[node]) for node in path]
-        drafter.accept(path, features(target, drafter, kept)[len(context) - 1 :])  # the root's row, then the path's
+        drafter.accept([path], [features(target, drafter, kept)[len(context) - 1 :]])  # the root's row, then the path's
         context = kept + [next_token(target, kept)]
-        drafter.propose(torch.tensor(context), 4, GREEDY, None)
+        drafter.propose([torch.tensor(context)], [4], GREEDY, [None])
         assert drafter.head.cache_length == len(context) - 1
-        reference.begin(torch.tensor(context[:-1]), features(target, reference, context[:-1]))
-        reference.propose(torch.tensor(context), 4, GREEDY, None)
+        reference.begin([torch.tensor(context[:-1])], [features(target, reference, context[:-1])])
+        reference.propose([torch.tensor(context)], [4], GREEDY, [None])
         for mine, fresh in zip(drafter.root_seen, reference.root_seen):
             assert (mine - fresh).abs().max() < 1e-4
 
@@ -219,7 +220,7 @@ def test_accepting_feeds_the_committed_pairs_as_a_from_scratch_run_would(target,
 def test_the_tree_forward_equals_each_path_run_as_a_chain(target, head_dir):
     drafter = recording(target, head_dir, top_k=3, tree_tokens=20)
     context = started(target, drafter, PROMPT)
-    drafter.propose(torch.tensor(context), 5, GREEDY, None)
+    drafter.propose([torch.tensor(context)], [5], GREEDY, [None])
     head, outputs = drafter.head, drafter.outputs
     tokens, parents, probs = drafter.grown_lists()
     root_logits, root_hidden = drafter.root_seen
@@ -254,7 +255,7 @@ def test_a_mask_that_ignores_the_tree_changes_the_outputs(target, head_dir):
     """Negative control for the test above: the same nodes fed with plain causal attention differ."""
     drafter = recording(target, head_dir, top_k=3, tree_tokens=20)
     context = started(target, drafter, PROMPT)
-    drafter.propose(torch.tensor(context), 3, GREEDY, None)
+    drafter.propose([torch.tensor(context)], [3], GREEDY, [None])
     head, outputs = drafter.head, drafter.outputs
     tokens, parents, _ = drafter.grown_lists()
     committed = head.cache_length
@@ -338,7 +339,7 @@ def test_a_hub_id_is_fetched_with_snapshot_download(target, head_dir, monkeypatc
 def test_the_drafter_refuses_to_run_without_features(target, head_dir):
     drafter = eagle3(target, head=str(head_dir))
     with pytest.raises(ValueError, match="features"):
-        drafter.begin(torch.tensor(PROMPT))
+        drafter.begin([torch.tensor(PROMPT)])
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, [11], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3]])

@@ -281,6 +281,6 @@ def test_lookup_proposes_what_followed_the_last_ngram():
 
     drafter = build_drafter("lookup", max_ngram=2)
     context = torch.tensor([5, 6, 7, 8, 9, 1, 5, 6])
-    draft = drafter.propose(context, 3, SamplingParams(), None)
+    draft = drafter.propose_sequence(context, 3, SamplingParams(), None)
     assert draft.tokens.tolist() == [7, 8, 9] and draft.dists is None
-    assert len(drafter.propose(torch.tensor([1, 2, 3]), 3, SamplingParams(), None)) == 0
+    assert len(drafter.propose_sequence(torch.tensor([1, 2, 3]), 3, SamplingParams(), None)) == 0

@@ -1,6 +1,7 @@
 """docs/extending.md's examples, run as shown (in a process of their own, so that their registrations stay
-out of the suite's registries): the verifier and the drafter decode with the engine, the verifier at its
-strictest setting gives what ``exact`` gives, and the backend is one the app can choose."""
+out of the suite's registries): the verifier and the drafter decode with the engine (the drafter one prompt at
+a time and four at once, alike), the verifier at its strictest setting gives what ``exact`` gives, and the backend
+is one the app can choose."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from conftest import tiny_model
 from mars_bench import build_drafter, decode, get_verifier
 from mars_bench.backends import available_backends, check_backend
+from mars_bench.decoding.batched import decode_batch
 
 torch.manual_seed(0)
 model = tiny_model()
@@ -37,6 +39,11 @@ loose = decode(model, build_drafter("repeat", copies=3), get_verifier("floor", f
                max_new_tokens=20, temperature=1.0, seed=1)
 assert loose.rule_counts()["over_floor"] == sum(len(step.reasons) for step in loose.steps) > 0  # every draft over it
 assert strictest.rule_counts()["over_floor"] == 0
+prompts = [prompt, [7, 7, 1, 2, 7, 7], [3, 3, 3], [9]]
+alone = [decode(model, build_drafter("repeat", copies=3), "exact", each, max_new_tokens=12, temperature=0.0) for each in prompts]
+together = decode_batch(model, build_drafter("repeat", copies=3), "exact", prompts, max_new_tokens=12, temperature=0.0)
+assert [r.tokens for r in together] == [r.tokens for r in alone] and sum(r.drafted for r in together) > 0
+assert [[s.accepted for s in r.steps] for r in together] == [[s.accepted for s in r.steps] for r in alone]
 try:
     get_verifier("floor", floor=0.0)
 except ValueError as error:

@@ -202,11 +202,11 @@ def begun(name: str, prompt: torch.Tensor):
     """A tree drafter of each kind, begun on ``prompt`` as the engine begins it."""
     if name == "model_tree":
         drafter = build_drafter("model_tree", model=tiny_model("llama", seed=7, layers=2), vocab_size=96, top_k=3, tree_tokens=20)
-        drafter.begin(prompt)
+        drafter.begin([prompt])
         return drafter
     drafter, target = eagle3_drafter(top_k=3, tree_tokens=20)
     out = target(prompt[None], output_hidden_states=True)
-    drafter.begin(prompt, torch.cat([out.hidden_states[i][0] for i in drafter.hidden_layers], dim=-1))
+    drafter.begin([prompt], [torch.cat([out.hidden_states[i][0] for i in drafter.hidden_layers], dim=-1)])
     return drafter
 
 
@@ -218,7 +218,7 @@ def test_a_tree_drafter_reads_the_device_once_per_step_whatever_the_depth(name, 
     for depth in (1, 2, 4, 6):
         drafter = begun(name, prompt)
         with torch.inference_mode(), HostSyncs() as syncs:
-            draft = drafter.propose(context, depth, sampling, torch.Generator().manual_seed(0))
+            (draft,) = drafter.propose([context], [depth], sampling, [torch.Generator().manual_seed(0)])
         assert syncs.calls == Counter({"cpu": 1}), f"{name} depth {depth}: {dict(syncs.calls)}"
         assert int(draft.parents.max()) < len(draft) and draft.token_list() == draft.tokens.tolist()
 

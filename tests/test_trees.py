@@ -198,11 +198,11 @@ PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 3, 3, 8, 1, 4, 40, 41, 42, 3, 3], [11]]
 
 def test_a_step_deeper_than_the_node_budget_keeps_the_budget_and_caps_the_depth(target):
     drafter = build_drafter("model_tree", model=target, top_k=1, tree_tokens=4)  # top_k 1: a chain as deep as allowed
-    drafter.begin(torch.tensor(PROMPTS[0]))
-    deep = drafter.propose(torch.tensor(PROMPTS[0]), 8, SamplingParams(), None)
+    drafter.begin([torch.tensor(PROMPTS[0])])
+    (deep,) = drafter.propose([torch.tensor(PROMPTS[0])], [8], SamplingParams(), [None])
     assert deep.parents.tolist() == [-1, 0, 1]  # depth 8 asked, the 3-node budget kept
-    drafter.begin(torch.tensor(PROMPTS[0]))
-    shallow = drafter.propose(torch.tensor(PROMPTS[0]), 2, SamplingParams(), None)
+    drafter.begin([torch.tensor(PROMPTS[0])])
+    (shallow,) = drafter.propose([torch.tensor(PROMPTS[0])], [2], SamplingParams(), [None])
     assert shallow.parents.tolist() == [-1, 0]  # within the budget the depth asked for is kept
 
 

@@ -52,8 +52,8 @@ def check_vllm_config(cfg: Any, spec: MethodSpec) -> None:
     """Refuse, in one line and before any model loads, what ``backend=vllm`` cannot run (``spec``: the cell's method):
     every key at once, with the one override that runs. (A drafter tuning does not reach here: it is measured in this
     package's engine, and ``config.take_back_tuning`` takes it back for vLLM.)"""
+    from mars_bench.common.settings import cli_value
     from mars_bench.drafting import build_settings
-    from mars_bench.drafting.batched import cli_value
 
     drafter = cfg.drafter.name
     if drafter not in (*DRAFTERS, "none"):

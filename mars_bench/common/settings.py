@@ -34,6 +34,13 @@ def setting_string(values: dict[str, Any]) -> str:
     return ",".join(f"{key}={value}" for key, value in values.items())
 
 
+def cli_value(value: object) -> str:
+    """A setting's value as a command line writes it (true/false for booleans, null for None)."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 OPTIONAL = {"omit_when_default": True}  # field metadata: a setting added later, left out of labels at its default
 
 

@@ -7,12 +7,12 @@ from dataclasses import fields
 from typing import Any
 
 from mars_bench.common.kernels import check_kernels
-from mars_bench.config.method import drafter_params, method_spec, shadow_verifiers
+from mars_bench.common.settings import cli_value
+from mars_bench.config.method import method_spec, shadow_verifiers
 from mars_bench.config.schema import VllmGpuConfig
-from mars_bench.config.tuning import own_engine, take_back_tuning
+from mars_bench.config.tuning import take_back_tuning
 from mars_bench.decoding.engine import DecodeSettings
 from mars_bench.drafting import drafter_needs_model, drafters_without_model
-from mars_bench.drafting.batched import cli_value, one_sequence_setting
 from mars_bench.method import MethodSpec, check_tree_judges
 from mars_bench.models.placement import check_memory_budget, parse_dtype
 from mars_bench.verification import available_verifiers, get_verifier
@@ -30,16 +30,6 @@ def check_accuracy_mode(cfg: Any) -> None:
 def lossless_verifiers() -> list[str]:
     """The registered verifiers that emit exactly what the target alone would."""
     return [name for name in available_verifiers() if get_verifier(name).lossless]
-
-
-def check_batch_settings(cfg: Any) -> None:
-    """Refuse, in one line, a drafter setting that rides on one sequence's drafter at ``batch_size`` > 1
-    (a batch would draft without it, running another method than the command names)."""
-    if (found := one_sequence_setting(drafter_params(cfg.drafter))) is not None:
-        key, value, off, reason = found
-        source = f" (set by tuning={cfg.tuning}; tuning=none drafts without it)" if cfg.get("tuned") else ""
-        raise ValueError(f"drafter.{key}={cli_value(value)}{source} {reason}: allowed at batch_size={cfg.batch_size} "
-                         f"is drafter.{key}={cli_value(off)}")
 
 
 def check_vllm_settings(cfg: Any) -> None:
@@ -80,11 +70,6 @@ def check_run_config(cfg: Any, spec: MethodSpec | None = None) -> MethodSpec:
 
     check_vllm_settings(cfg)
     check_backend_config(cfg, spec)
-    if cfg.batch_size > 1 and own_engine(cfg.backend):  # this package's batched engine
-        from mars_bench.drafting.batched import check_batch_drafter
-
-        check_batch_drafter(cfg.drafter.name)
-        check_batch_settings(cfg)
     check_tree_judges(cfg.drafter.name, shadow_verifiers(cfg))
     check_accuracy_mode(cfg)
     if cfg.drafter.name == "eagle3" and not cfg.model.eagle3_head:

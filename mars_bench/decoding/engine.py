@@ -11,14 +11,16 @@ up to the numerics of a batched matmul.
 The target's cache is one ``BatchCache`` (``models/kvcache.py``): a row keeps its root and accepted
 drafts (a tree's path is gathered to the front of its block), the rest of its slots are masked, and
 the positions past every row's kept ones are cropped. A batch of one has nothing to mask: it runs the
-plain cached forward, causal for a chain and tree-masked for a tree. The drafter is the drafter's own
-code for one row and its batched form for more (``drafting/batched.py``). Every phase is timed by one
-``Clock`` (``decoding/clock.py``: CUDA events on a GPU, at any B).
+plain cached forward, causal for a chain and tree-masked for a tree. The drafter drafts every row through
+one contract at any B (``Drafter`` in ``drafting/base.py``). Every phase is timed by one ``Clock``
+(``decoding/clock.py``: CUDA events on a GPU, at any B).
 
 A step reads the device once, whatever B is: the verdicts of every row in one transfer, with each
 row's kept draft tokens (``Verdict.path_tokens``), or the rows' next tokens when no row drafted. A tree
-drafter reads its trees once more, all rows in one transfer; a stop rule (``confidence``, ``gain``) reads
-every row's draft probability once per draft position.
+drafter reads its trees once more, all rows in one transfer. The model drafter's host decisions read more,
+every row's at once, never once per row: a stop rule (``confidence``, ``gain``) every row's draft probability
+once per draft position, lookup guesses every row's drafts once per drafter forward (greedy) or per draft
+position (sampling), context tokens which tokens the rows' contexts add, twice per step.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from mars_bench.decoding.draft_length import DEFAULT_LENGTH, DraftLength, FixedL
 from mars_bench.decoding.fidelity import PositionCosts, step_costs
 from mars_bench.decoding.trace import DecodeResult, StepRecord
 from mars_bench.drafting.base import Draft, Drafter
-from mars_bench.drafting.batched import drafts_for
 from mars_bench.models.kvcache import BatchCache, check_tree_attention, padded_rows
 from mars_bench.models.placement import input_device
 from mars_bench.verification import Verdict, Verifier, VerifyInput, batch_steps, get_verifier
@@ -222,6 +223,16 @@ def decode_batch(
                   on_tokens).run(rows)  # fmt: skip
 
 
+class _NoDrafts(Drafter):
+    """The AR baseline's drafter: no row drafts."""
+
+    name = "none"
+
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Draft | None]:  # fmt: skip
+        return [None] * len(contexts)
+
+
 @dataclass(frozen=True)
 class _Block:
     """One step's target input: each row's root (its newest token), then its drafts.
@@ -257,7 +268,7 @@ class _Batch:
                  fidelity: bool = False, on_tokens: Callable[[int], None] | None = None) -> None:  # fmt: skip
         self.target, self.verifier, self.sampling, self.settings = target, verifier, sampling, settings
         self.shadows, self.fidelity = (shadows, fidelity) if drafter is not None else ((), False)
-        self.drafts = drafts_for(drafter, rows)
+        self.drafter = drafter if drafter is not None else _NoDrafts()
         self.cache = BatchCache(target, rows)
         self.device, self.pad, self.on_tokens = input_device(target), pad_token_id, on_tokens
         self.rows: list[_Row] = []
@@ -280,7 +291,7 @@ class _Batch:
         still = [index for index, row in enumerate(rows) if row.reason is None]
         if still and len(still) < len(rows):
             self.cache.keep_rows(still)
-            self.drafts.keep(still)
+            self.drafter.keep(still)
         return [rows[index] for index in still]
 
     def report(self, clock: Clock) -> None:
@@ -296,12 +307,12 @@ class _Batch:
             tokens, fed = prompts[0][None], None
         else:
             tokens, fed = padded_rows(prompts, left=True, pad=self.pad, device=self.device)
-        logits, features = self.cache.forward(tokens, fed, logits_to_keep=1, hidden_layers=self.drafts.hidden_layers)
+        logits, features = self.cache.forward(tokens, fed, logits_to_keep=1, hidden_layers=self.drafter.hidden_layers)
         chosen = [choose_tokens(logits[index, -1:], self.sampling, row.generator) for index, row in enumerate(rows)]
         firsts = torch.cat(chosen).tolist()
         width = tokens.shape[1]
-        self.drafts.begin(prompts, None if features is None else [features[index, width - len(prompt) :]
-                                                                  for index, prompt in enumerate(prompts)])  # fmt: skip
+        self.drafter.begin(prompts, None if features is None else [features[index, width - len(prompt) :]
+                                                                   for index, prompt in enumerate(prompts)])  # fmt: skip
         for row, first in zip(rows, firsts):
             row.tokens, stopped = cut_at_stop([first], self.settings.stop_token_ids, 1)
             row.context = torch.cat([row.prompt, torch.tensor(row.tokens)])
@@ -310,17 +321,17 @@ class _Batch:
     def step(self, rows: list[_Row], clock: Clock) -> None:
         """One draft -> target forward -> verify -> commit step for every row in the batch."""
         limits = [min(row.length.next(), self.settings.max_new_tokens - len(row.tokens) - 1) for row in rows]
-        proposed = self.drafts.propose([row.context for row in rows], limits, self.sampling, [row.generator for row in rows])
+        proposed = self.drafter.propose([row.context for row in rows], limits, self.sampling, [row.generator for row in rows])
         drafts = [draft if draft is not None and len(draft) else None for draft in proposed]
         draft_s = clock.lap()
         block = self.block(rows, drafts)
-        logits, features = self.cache.forward(block.tokens, block.fed, block.parents, hidden_layers=self.drafts.hidden_layers)
+        logits, features = self.cache.forward(block.tokens, block.fed, block.parents, hidden_layers=self.drafter.hidden_layers)
         target_s = clock.lap()
         verdicts, next_tokens, verify_s, aside = self.judge(rows, drafts, block, logits, clock)
         paths = [[] if verdict is None else verdict.accepted.tolist() for verdict in verdicts]
         kept = [[0] + [node + 1 for node in path] for path in paths]  # each row's root and accepted nodes, as block slots
         self.cache.commit(kept)
-        self.drafts.accept(paths, None if features is None else [features[index, slots] for index, slots in enumerate(kept)])
+        self.drafter.accept(paths, None if features is None else [features[index, slots] for index, slots in enumerate(kept)])
         records = [self.commit(row, draft, verdict, token, path, row_aside, tree, (draft_s, target_s, verify_s))
                    for row, draft, verdict, token, path, row_aside, tree
                    in zip(rows, drafts, verdicts, next_tokens, paths, aside, block.trees)]  # fmt: skip

@@ -1,4 +1,5 @@
-"""Drafters: propose chains or trees of tokens with their draft probabilities.
+"""Drafters: propose chains or trees of tokens with their draft probabilities, for every row of a batch
+(one sequence is a batch of one: ``Drafter``; a drafter written for one sequence: ``SequenceDrafter``).
 
 Each drafter registers its factory and its settings dataclass (``drafting/base.py``); the
 registry answers what a drafter takes and needs: ``drafter_settings``, ``drafter_needs_model``,
@@ -11,6 +12,7 @@ from mars_bench.drafting.base import (
     Drafter,
     DrafterContext,
     NoSettings,
+    SequenceDrafter,
     available_drafters,
     build_drafter,
     build_settings,
@@ -29,6 +31,7 @@ __all__ = [
     "Drafter",
     "DrafterContext",
     "NoSettings",
+    "SequenceDrafter",
     "available_drafters",
     "build_drafter",
     "build_settings",

@@ -9,6 +9,7 @@ is its ``DrafterContext``: never a setting.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,22 +80,27 @@ class DrafterContext:
 
 
 class Drafter:
-    """Proposes tokens after the committed context.
+    """Proposes tokens after the committed context of each of the B rows the engine decodes together
+    (``decoding/engine.py``); one sequence is a batch of one. The one contract every registered drafter
+    serves, at every B.
 
-    Lifecycle per prompt: ``begin(prompt_ids)`` once (may prefill a cache), then per step
-    ``propose(context, max_drafts, ...)`` and ``accept(path)``. ``context`` holds every
-    committed token (prompt and generated) as a CPU LongTensor[T]. ``max_drafts`` (>= 1: the
-    engine asks for no drafts by not calling ``propose``) bounds the number of drafted tokens
-    on any path: a chain's length, a tree's depth.
+    Lifecycle per batch: ``begin(prompts, features)`` once, then per step ``propose(contexts, limits,
+    sampling, generators)`` and ``accept(paths, features)``; ``keep(rows)`` when rows leave the batch.
+    ``prompts`` and ``contexts`` hold each row's committed tokens (prompt and generated) as CPU
+    LongTensors; ``limits[b]`` (>= 0) bounds the number of drafted tokens on any path of row b (a chain's
+    length, a tree's depth), and a row with limit 0 gets None; ``generators[b]`` is row b's random
+    stream (None: torch's default), the one its verdict draws from next, so a row that draws must draw
+    what it draws alone. Each row's drafts are the ones it gets alone, up to the numerics of batched
+    forwards.
 
-    A drafter that reads the target's hidden states (EAGLE) names the entries of the
-    target's ``output_hidden_states`` it needs in ``hidden_layers``; the engine then hands it
-    ``features``, those entries concatenated along the hidden axis ([rows, len * hidden]),
-    for every committed token but the newest, computed by the target forwards the engine
-    runs anyway: the prompt's rows in ``begin``, the root's and the accepted nodes' rows in
-    ``accept``.
+    A drafter that reads the target's hidden states (EAGLE) names the entries of the target's
+    ``output_hidden_states`` it needs in ``hidden_layers``; the engine then hands it, per row,
+    ``features[b]``: those entries concatenated along the hidden axis ([rows, len * hidden]), for every
+    committed token but the newest, computed by the target forwards the engine runs anyway: the
+    prompt's rows in ``begin``, the root's and the accepted nodes' rows in ``accept``.
 
-    ``settings``: the drafter's settings dataclass instance (as used: a default the drafter
+    A drafter written for one sequence subclasses ``SequenceDrafter`` instead, which serves a batch
+    row by row. ``settings``: the drafter's settings dataclass instance (as used: a default the drafter
     resolves from its context is stored resolved).
     """
 
@@ -102,22 +108,21 @@ class Drafter:
     settings: Any = NoSettings()
     hidden_layers: tuple[int, ...] = ()
 
-    def begin(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
-        """Start a new sequence (prompt_ids: CPU LongTensor[L]; features: [L, F] or None)."""
+    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
+        """Start a batch (prompts: CPU LongTensor[P_b] per row; features: [P_b, F] per row, or None)."""
 
-    def propose(
-        self,
-        context: torch.Tensor,
-        max_drafts: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Draft | None]:  # fmt: skip
+        """A Draft per row (None where it drafts nothing), at most ``limits[b]`` drafts deep."""
         raise NotImplementedError
 
-    def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
-        """The verifier kept the drafted nodes ``path`` (node indices, root to leaf) of the last
-        proposal; for a chain that is ``range(accepted_len)``. features: [len(path) + 1, F]
-        (the root's row, then the path's) or None."""
+    def accept(self, paths: Sequence[list[int]], features: Sequence[torch.Tensor] | None = None) -> None:
+        """Each row's kept nodes of its last proposal (node indices, root to leaf; [] where it had none);
+        for a chain that is ``range(accepted_len)``. features[b]: [len(path) + 1, F] (the root's row, then
+        the path's) or None."""
+
+    def keep(self, rows: list[int]) -> None:
+        """Only the rows ``rows`` (indices into the current batch) stay."""
 
     def describe(self) -> dict[str, object]:
         """What the records carry about this drafter: its name, its settings (as labels carry them:
@@ -129,31 +134,51 @@ class Drafter:
         return {}
 
 
-class BatchDrafts:
-    """A drafter over the B rows the engine decodes together (``decoding/engine.py``): per row the drafts
-    it would make alone (up to the numerics of batched forwards).
+class SequenceDrafter(Drafter):
+    """A drafter written for one sequence, serving a batch row by row: subclasses give ``propose_sequence``
+    (and ``begin_sequence``, ``accept_sequence`` where they keep state per sequence).
 
-    Lifecycle per batch: ``begin(prompts, features)`` once, then per step ``propose(contexts, limits, ...)``
-    (a Draft or None per row, at most ``limits[b]`` drafts deep, none where it is 0) and ``accept(paths,
-    features)``; ``keep(rows)`` when rows leave the batch. ``contexts``, ``paths`` and ``features`` are per
-    row, as a one-sequence ``Drafter`` takes them (``features[b]``: [rows, F] or None, for the
-    ``hidden_layers`` entries). ``drafting/batched.py`` gives every drafter's batched form.
+    Each row drafts with its own shallow copy of this drafter (``sequence_copy``), made at ``begin``: the
+    weights and settings are shared, and every attribute ``begin_sequence`` sets is the row's own. One
+    Python call per row per step: the form for a drafter with no tensor work to share across rows
+    (``lookup``, a drafter of your own); the model drafters batch their forwards instead.
     """
 
-    hidden_layers: tuple[int, ...] = ()
+    sequences: list[SequenceDrafter]  # this batch's rows, one copy each (set by ``begin``)
 
-    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
-        """Start a batch (prompts: CPU LongTensor[P_b] per row)."""
+    def begin_sequence(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Start one sequence (prompt: CPU LongTensor[P]; features: [P, F] or None)."""
 
-    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> list[Draft | None]:  # fmt: skip
+    def propose_sequence(self, context: torch.Tensor, max_drafts: int, sampling: SamplingParams,
+                         generator: torch.Generator | None) -> Draft:  # fmt: skip
+        """At most ``max_drafts`` (>= 1) drafts after ``context`` (CPU LongTensor[T], every committed token)."""
         raise NotImplementedError
 
+    def accept_sequence(self, path: list[int], features: torch.Tensor | None = None) -> None:
+        """The kept nodes of the last proposal (``Drafter.accept``'s, for this sequence)."""
+
+    def sequence_copy(self) -> SequenceDrafter:
+        """The drafter one row drafts with: a shallow copy (override where a copy must not share some state)."""
+        return copy.copy(self)
+
+    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
+        self.sequences = []  # emptied first, so that no copy holds the last batch's rows
+        self.sequences = [self.sequence_copy() for _ in prompts]
+        for index, (sequence, prompt) in enumerate(zip(self.sequences, prompts)):
+            sequence.begin_sequence(prompt, None if features is None else features[index])
+
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Draft | None]:  # fmt: skip
+        draws = zip(self.sequences, contexts, limits, generators)
+        return [sequence.propose_sequence(context, limit, sampling, stream) if limit > 0 else None
+                for sequence, context, limit, stream in draws]  # fmt: skip
+
     def accept(self, paths: Sequence[list[int]], features: Sequence[torch.Tensor] | None = None) -> None:
-        """Each row's accepted nodes of its last proposal (root to leaf; [] where it had none)."""
+        for index, (sequence, path) in enumerate(zip(self.sequences, paths)):
+            sequence.accept_sequence(path, None if features is None else features[index])
 
     def keep(self, rows: list[int]) -> None:
-        """Only the rows ``rows`` (indices into the current batch) stay."""
+        self.sequences = [self.sequences[row] for row in rows]
 
 
 DrafterFactory = Callable[[Any, DrafterContext], "Drafter | None"]

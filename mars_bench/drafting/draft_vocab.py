@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,7 +48,7 @@ class DraftVocabSettings:
         null: the built-in ShareGPT count for the target's tokenizer.
     context_vocab: the drafter also scores every token of its context so far (the prompt and the
         tokens decoded) that the K lack: the names and words of one question, which its answer
-        repeats and a count over other text ranks low (batch_size 1).
+        repeats and a count over other text ranks low (each row of a batch its own context's).
     """
 
     draft_vocab: int | None = field(default=None, metadata=OPTIONAL)
@@ -198,16 +198,16 @@ class ReducedHeadModel(torch.nn.Module):
     """``model`` (a causal LM) with its output head cut to the token ids ``ids``.
 
     Called as the engine and the drafters call a causal LM (input ids, cache, a 4D mask and
-    positions, ``logits_to_keep``, ``output_hidden_states``); returns logits [1, n, width]
+    positions, ``logits_to_keep``, ``output_hidden_states``); returns logits [B, n, width]
     that hold the head's logits at ``ids`` and -inf elsewhere, so the drafter's q is exactly
     zero off the subset. The cut head is a linear layer holding a copy of the K rows (K x hidden
     numbers).
 
-    ``use_context_tokens(context_ids)`` adds, until the next call, the rows of the context's tokens
-    that the subset lacks (``context_vocab``): a frequency count misses the names and words of one
-    question, which its answer repeats. ``row_layer`` builds the layer that holds those rows, the
-    way the cut head was built (``quantized_draft_model`` sets it to quantize them like the cut
-    head, so they score as the whole quantized head would).
+    ``use_context_tokens(contexts)`` adds, until the next call, the rows of the contexts' tokens that
+    the subset lacks, each row of a batch scoring its own context's (``context_vocab``): a frequency
+    count misses the names and words of one question, which its answer repeats. ``row_layer`` builds
+    the layer that holds those rows, the way the cut head was built (``quantized_draft_model`` sets it
+    to quantize them like the cut head, so they score as the whole quantized head would).
     """
 
     def __init__(self, model: Any, ids: torch.Tensor, width: int) -> None:
@@ -227,15 +227,22 @@ class ReducedHeadModel(torch.nn.Module):
         self.register_buffer("in_subset", in_subset, persistent=False)
         self.register_buffer("context_ids", self.ids.new_empty(0), persistent=False)
         self.context_head: torch.nn.Module | None = None
+        self.context_rows: torch.Tensor | None = None
 
-    def use_context_tokens(self, context_ids: torch.Tensor) -> None:
-        """Score the tokens of ``context_ids`` (LongTensor[L]) besides the subset, until the next call;
-        the rows are built again only when that set of tokens changes."""
+    def use_context_tokens(self, contexts: Sequence[torch.Tensor]) -> None:
+        """Until the next call, score for each row of the batch the next forwards feed the tokens of its own
+        context (``contexts``: LongTensor[L_b] per row) besides the subset; a row's logits stay -inf at the
+        tokens only other rows' contexts hold. The rows are built again only when the batch's set of such
+        tokens changes."""
         head = self.model.get_output_embeddings()
-        tokens = context_ids.to(self.in_subset.device)
-        seen = torch.zeros_like(self.in_subset)
-        seen[tokens[(tokens >= 0) & (tokens < min(self.width, head.weight.shape[0]))]] = True
-        extra = torch.nonzero(seen & ~self.in_subset)[:, 0]
+        device, limit = self.in_subset.device, min(self.width, head.weight.shape[0])
+        tokens = torch.nn.utils.rnn.pad_sequence([context.long().flatten() for context in contexts], batch_first=True,
+                                                 padding_value=-1).to(device)  # fmt: skip
+        tokens = torch.where((tokens >= 0) & (tokens < limit), tokens, self.width)  # elsewhere: a column cut off below
+        seen = torch.zeros(len(contexts), self.width + 1, dtype=torch.bool, device=device).scatter_(1, tokens, True)
+        beyond = seen[:, : self.width] & ~self.in_subset
+        extra = torch.nonzero(beyond.any(dim=0))[:, 0]
+        self.context_rows = beyond[:, extra] if len(contexts) > 1 else None  # [B, U]: each row's own; None: one row
         if torch.equal(extra, self.context_ids):
             return
         self.context_ids = extra
@@ -262,7 +269,10 @@ class ReducedHeadModel(torch.nn.Module):
         logits = self.head(hidden)
         full = logits.new_full((*logits.shape[:-1], self.width), float("-inf")).index_copy_(-1, self.ids, logits)
         if self.context_head is not None:
-            full.index_copy_(-1, self.context_ids, self.context_head(hidden).to(full.dtype))
+            scored = self.context_head(hidden).to(full.dtype)
+            if self.context_rows is not None:  # a row scores only its own context's tokens
+                scored = scored.masked_fill(~self.context_rows[:, None, :], float("-inf"))
+            full.index_copy_(-1, self.context_ids, scored)
         return SimpleNamespace(logits=full.to(input_ids.device), hidden_states=out.hidden_states)
 
 

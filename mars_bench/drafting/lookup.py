@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mars_bench.drafting.base import Draft, Drafter, DrafterContext, empty_draft, register_drafter
+from mars_bench.drafting.base import Draft, DrafterContext, SequenceDrafter, empty_draft, register_drafter
 from mars_bench.verification.sampling import SamplingParams
 
 
@@ -44,9 +44,9 @@ def lookup_continuation(sequence: torch.Tensor, max_tokens: int, min_ngram: int,
     return sequence[:0]
 
 
-class LookupDrafter(Drafter):
+class LookupDrafter(SequenceDrafter):
     """Tries n-gram lengths from ``max_ngram`` down to ``min_ngram``; the longest match wins.
-    Drafts go to ``device``."""
+    Drafts go to ``device``. It keeps no state and costs no forward: a batch's rows are asked one by one."""
 
     name = "lookup"
 
@@ -54,7 +54,7 @@ class LookupDrafter(Drafter):
         self.device = torch.device(device)
         self.settings = settings or LookupSettings()
 
-    def propose(
+    def propose_sequence(
         self,
         context: torch.Tensor,
         max_drafts: int,

@@ -76,6 +76,13 @@ class TreeShape:
         return cls(min(max_drafts, tree_tokens - 1), top_k, tree_tokens)
 
 
+def step_shapes(limits: Sequence[int], top_k: int, tree_tokens: int) -> tuple[TreeShape, list[int]]:
+    """The shape every row's tree grows to in a step (the deepest row's) and each row's own depth
+    (``TreeShape.for_step``; 1 for a row with no drafts to make, whose tree is dropped)."""
+    depths = [TreeShape.for_step(max(limit, 1), top_k, tree_tokens).depth for limit in limits]
+    return TreeShape(max(depths), top_k, tree_tokens), depths
+
+
 @dataclass(frozen=True)
 class TreePlan:
     """The sizes of one step's tree, fixed by its shape and the vocabulary (never by values).

@@ -257,11 +257,14 @@ class BatchCache:
     The rows are left-padded at the prefill. After each forward a row keeps some of its new slots
     (``commit``): a chain's first ones, a tree's root and accepted path, which are gathered to the
     front of the block. The slots a row does not keep are masked for it, not removed, and the
-    positions no row keeps are cropped, so no step copies the cached prefix.
+    positions no row keeps are cropped, so no step copies the cached prefix. The engine keeps the
+    target's cache so, and a model drafter its draft model's, which also ``forget``s a row's drafts
+    of earlier forwards once the verdict rejects them.
 
-    One row with nothing masked (every batch of one: a chain keeps its first slots, a tree's path is
-    gathered, and a one-row prefill has no padding) is ``dense``: it runs the plain cached forward,
-    causal for a chain and tree-masked for a tree, with no attention mask to build.
+    One row with nothing masked (every batch begun with one row: a chain keeps its first slots, a tree's
+    path is gathered, a one-row prefill has no padding, and what it forgets is its newest; not a batch
+    that shrank to one row, whose masked slots stay) is ``dense``: it crops instead of masking and runs
+    the plain cached forward, causal for a chain and tree-masked for a tree, with no attention mask to build.
     attended: BoolTensor[B, S] on the model's input device, the cached positions each row sees (None
     while dense: all of them).
     """
@@ -277,6 +280,13 @@ class BatchCache:
     def length(self) -> int:
         """Cached positions, masked ones included."""
         return int(self.cache.get_seq_length())
+
+    @property
+    def attending(self) -> torch.Tensor:
+        """BoolTensor[B, S] on the device: the cached positions each row attends to (all of them while dense)."""
+        if self.dense:
+            return torch.ones(1, self.length, dtype=torch.bool, device=self.device)
+        return self.attended
 
     def forward(
         self,
@@ -321,19 +331,25 @@ class BatchCache:
             block = torch.arange(width, device=self.device)[None] < counts[:, None]
             self.attended = torch.cat([self.attended[:, :start], block], dim=1)
 
+    def forget(self, positions: Sequence[Sequence[int]], length: int) -> None:
+        """Row b no longer attends to its cached ``positions[b]`` (forwards before the last included), and the
+        positions from ``length`` on, which no row attends to any more, are cropped. A dense cache can only crop:
+        every position it forgets must be >= ``length`` (a drafter's rejected drafts are its newest)."""
+        if not self.dense:
+            forget = torch.zeros(self.attended.shape, dtype=torch.bool)
+            for row, columns in enumerate(positions):
+                forget[row, list(columns)] = True
+            self.attended = self.attended & ~forget.to(self.device)
+        self.crop(length)
+
+    def crop(self, length: int) -> None:
+        """Drop the cached positions from ``length`` on (no row attends to them)."""
+        crop_to(self.cache, length)
+        if not self.dense:
+            self.attended = self.attended[:, :length]
+
     def keep_rows(self, rows: list[int]) -> None:
         """Only the rows ``rows`` (indices into the current batch) stay."""
         if self.dense:
             return
         self.attended = select_batch_rows(self.cache, self.attended, rows)
-
-
-def prefill_rows(model: Any, cache: Any, prompts: Sequence[torch.Tensor], device: torch.device) -> tuple[list[int], torch.Tensor]:
-    """A draft model's cache filled with every prompt but its last token, left-padded, in one forward (the last is
-    fed with the first step): each row's cached length and which cached positions it attends to ([B, cached])."""
-    valid = [len(prompt) - 1 for prompt in prompts]
-    attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=device)
-    if max(valid) > 0:
-        tokens, fed = padded_rows([prompt[:-1] for prompt in prompts], left=True, device=device)
-        _, attended = batch_forward(model, cache, attended, tokens, fed, 1)
-    return valid, attended

@@ -5,6 +5,7 @@ How EAGLE drafts with the head, and the sources: ``docs/eagle3.md``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,8 @@ import torch
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, register_drafter
 from mars_bench.drafting.eagle3.checkpoint import load_eagle3_head, target_sizes
 from mars_bench.drafting.eagle3.head import Eagle3Head, eagle3_hidden_layers
-from mars_bench.drafting.tree import Frontier, TreeSettings, TreeShape, expand_tree
+from mars_bench.drafting.tree import Frontiers, TreeSettings, expand_trees, step_shapes
+from mars_bench.models.kvcache import block_layout, padded_rows
 from mars_bench.models.placement import input_device
 from mars_bench.verification.sampling import SamplingParams
 
@@ -28,15 +30,17 @@ class Eagle3Settings(TreeSettings):
 
 
 class Eagle3Drafter(Drafter):
-    """Drafts an EAGLE-2 style dynamic tree with an EAGLE-3 head.
+    """Drafts an EAGLE-2 style dynamic tree per row with an EAGLE-3 head, every row's tree grown together.
 
-    The head's cache holds one pair (feature_i, token_{i+1}) per committed token but the newest,
-    at position i. Features arrive from the engine (``begin``: the prompt's rows; ``accept``: the
-    root's and the accepted nodes' rows) and are fed lazily at the next ``propose``, as a chain;
-    its last output is the root (``root_outputs``). The tree then grows depth by depth
-    (``expand_tree``), each depth one head forward over the frontier (``feed_frontier``), and its
-    nodes leave the cache afterwards. Drafting is top-k (deterministic) at every temperature;
-    ``probs`` is the head's softmax probability of each node's token given its parent.
+    The head keeps a cache row per sequence, holding one pair (feature_i, token_{i+1}) per committed token
+    but the newest, at position i. Features arrive from the engine (``begin``: the prompts' rows;
+    ``accept``: the root's and the accepted nodes' rows) and wait (``pending``) until the next ``propose``
+    feeds them, every row's in one right-padded head forward whose last real slot per row is that row's root
+    (a padded slot is masked for every later query). The trees then grow depth by depth (``expand_trees``),
+    each depth one head forward over every row's frontier, each frontier attending to its row's pairs and
+    its own ancestors, and their nodes leave the cache afterwards. Drafting is top-k (deterministic) at
+    every temperature; ``probs`` is the head's softmax probability of each node's token given its parent.
+    The host reads every row's tree in one transfer.
 
     head_name: the head's folder or Hub id, for the records (None for a head built in memory).
     """
@@ -67,88 +71,106 @@ class Eagle3Drafter(Drafter):
         self.head = head
         self.head_name = head_name
         self.vocab_size = target_vocab
-        self.device = input_device(target)
-        self.pending: torch.Tensor | None = None  # features not yet fed, for positions cache_length ...
-        self.root: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (context length, logits, hidden)
+        self.device = input_device(target)  # where the drafts go
+        self.attended = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]: the pairs each row sees
+        self.cached: list[int] = []  # per row: pairs cached (the next pair's position)
+        self.pending: list[torch.Tensor] = []  # per row: features not yet fed, [k_b, F]
+        self.root: tuple[list[int], torch.Tensor, torch.Tensor] | None = None  # (context lengths, logits, hidden)
+
+    @property
+    def head_device(self) -> torch.device:
+        return self.head.fc.weight.device
 
     def facts(self) -> dict[str, object]:
         return {
             "head": self.head_name,
             "hidden_layers": list(self.hidden_layers),
             "draft_vocab_size": self.head.draft_vocab_size,
-            "device": str(self.head.fc.weight.device),
+            "device": str(self.head_device),
         }
 
-    def begin(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
         if features is None:
             raise ValueError("eagle3 needs features=the target's hidden states in begin: allowed is an engine that passes them")
-        if features.shape[0] != prompt_ids.shape[0]:
-            raise ValueError(f"features has {features.shape[0]} rows: allowed is one per prompt token ({prompt_ids.shape[0]})")
+        for prompt, rows in zip(prompts, features):
+            if rows.shape[0] != prompt.shape[0]:
+                raise ValueError(f"features has {rows.shape[0]} rows: allowed is one per prompt token ({prompt.shape[0]})")
         self.head.reset()
-        self.pending = features
-        self.root = None
+        self.attended = torch.zeros(len(prompts), 0, dtype=torch.bool, device=self.head_device)
+        self.cached, self.pending, self.root = [0] * len(prompts), list(features), None
 
-    def accept(self, path: list[int], features: torch.Tensor | None = None) -> None:
+    def accept(self, paths: Sequence[list[int]], features: Sequence[torch.Tensor] | None = None) -> None:
         if features is None:
             raise ValueError("eagle3 needs features=the target's hidden states in accept: allowed is an engine that passes them")
-        if features.shape[0] != len(path) + 1:
-            raise ValueError(f"features has {features.shape[0]} rows: allowed is len(path) + 1 = {len(path) + 1}")
-        features = features.to(self.pending.device if self.pending is not None else features.device)
-        self.pending = features if self.pending is None or self.pending.shape[0] == 0 else torch.cat([self.pending, features])
+        for path, rows in zip(paths, features):
+            if rows.shape[0] != len(path) + 1:
+                raise ValueError(f"features has {rows.shape[0]} rows: allowed is len(path) + 1 = {len(path) + 1}")
+        self.pending = [torch.cat([waiting, rows.to(waiting.device)]) for waiting, rows in zip(self.pending, features)]
 
-    def root_outputs(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed the committed pairs not yet cached; the head's (draft logits [draft_vocab],
-        hidden [H]) after the last of the ``context`` tokens (CPU LongTensor[T])."""
-        head, total = self.head, int(context.shape[0])
-        start = head.cache_length
-        waiting = 0 if self.pending is None else int(self.pending.shape[0])
-        if waiting != total - 1 - start:
-            raise ValueError(
-                f"eagle3 holds features for positions up to {start + waiting - 1} but the context has {total} tokens: "
-                f"allowed is one feature row per committed token but the newest (rows up to {total - 2})"
-            )
-        if waiting == 0:
-            if self.root is None or self.root[0] != total:
-                raise ValueError(f"eagle3 has no features for a context of {total} tokens: allowed is a context after begin")
-            return self.root[1], self.root[2]
-        tokens = context[start + 1 : total].to(head.fc.weight.device)
-        positions = torch.arange(start, total - 1, device=head.fc.weight.device)
-        logits, hidden = head(tokens, self.pending, positions)
-        self.pending = self.pending[:0]
-        self.root = (total, logits[-1], hidden[-1])
-        return logits[-1], hidden[-1]
+    def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Draft | None]:  # fmt: skip
+        """Every drafting row's tree; the host reads them all in one transfer."""
+        drafting = [limit > 0 for limit in limits]
+        if not any(drafting):
+            return [None] * len(contexts)
+        root_logits, root_hidden = self.root_outputs(contexts)
+        head, vocab, committed, context = self.head, self.vocab_size, self.attended.shape[1], self.attended
+        shape, depths = step_shapes(limits, self.settings.top_k, self.settings.tree_tokens)
+        previous = root_hidden[:, None]  # [B, F', H]: the head's output hidden of the last frontier fed
 
-    def feed_frontier(self, frontier: Frontier, parent_hidden: torch.Tensor, committed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head forward over the ``frontier`` nodes; their (draft logits [F, draft_vocab],
-        hidden [F, H]). parent_hidden: [F, H], each node's parent's output hidden (the root's
-        for depth 0). Each node attends to the ``committed`` pairs, its ancestors among the
-        tree nodes fed before, and itself."""
-        allowed, positions = frontier.attention(committed)
-        device = self.head.fc.weight.device
-        return self.head(frontier.tokens.to(device), parent_hidden, positions.to(device), allowed)
-
-    def propose(
-        self,
-        context: torch.Tensor,
-        max_drafts: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        head = self.head
-        root_logits, root_hidden = self.root_outputs(context)
-        committed = head.cache_length
-        previous = root_hidden[None]  # [F', H]: the head's output hidden of the last frontier fed
-
-        def next_logprobs(frontier: Frontier) -> torch.Tensor:
+        def next_logprobs(frontiers: Frontiers) -> torch.Tensor:
             nonlocal previous
-            logits, previous = self.feed_frontier(frontier, previous.index_select(0, frontier.parent_rows), committed)
-            return head.target_logprobs(logits, self.vocab_size)
+            parents = previous.gather(1, frontiers.parent_rows[:, :, None].expand(-1, -1, previous.shape[-1]))
+            logits, previous = self.feed_frontiers(frontiers, parents, context)
+            return head.target_logprobs(logits.flatten(0, 1), vocab).unflatten(0, logits.shape[:2])
 
-        root_logprobs = head.target_logprobs(root_logits[None], self.vocab_size)[0]
-        shape = TreeShape.for_step(max_drafts, self.settings.top_k, self.settings.tree_tokens)
-        tree = expand_tree(root_logprobs, next_logprobs, shape)
+        trees = expand_trees(head.target_logprobs(root_logits, vocab), next_logprobs, shape, depths)
         head.truncate(committed)  # tree nodes leave the cache; committed pairs stay
-        return tree.to_draft(self.device)
+        return trees.to_drafts(self.device, drafting)
+
+    def feed_frontiers(self, frontiers: Frontiers, parent_hidden: torch.Tensor,
+                       context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One head forward over every row's frontier nodes: their (draft logits [B, F, draft_vocab], hidden
+        [B, F, H]). parent_hidden: [B, F, H], each node's parent's output hidden (the root's at depth 0). Each
+        node attends to its row's committed pairs (``context`` BoolTensor[B, S]), its ancestors among the tree
+        nodes fed before, and itself."""
+        allowed, positions = frontiers.attention(context)
+        return self.head(frontiers.tokens, parent_hidden, positions, allowed)
+
+    def root_outputs(self, contexts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed every row's waiting pairs in one head forward; each row's (draft logits [B, draft_vocab], hidden
+        [B, H]) after its last context token (the last ones again where no row has a pair waiting)."""
+        lengths = [int(context.shape[0]) for context in contexts]
+        if all(waiting.shape[0] == 0 for waiting in self.pending) and self.root is not None and self.root[0] == lengths:
+            return self.root[1], self.root[2]
+        for row, (length, start, waiting) in enumerate(zip(lengths, self.cached, self.pending)):
+            if waiting.shape[0] == 0 or waiting.shape[0] != length - 1 - start:
+                raise ValueError(
+                    f"eagle3 holds {waiting.shape[0]} waiting feature rows for row {row}, whose context has {length} "
+                    f"tokens and {start} pairs cached: allowed is one row per committed token but the newest, at least one"
+                )
+        tokens, fed = padded_rows([context[start + 1 :] for context, start in zip(contexts, self.cached)], left=False,
+                                  device=self.head_device)  # fmt: skip
+        features = torch.nn.utils.rnn.pad_sequence(self.pending, batch_first=True)
+        block, depths = block_layout(fed)
+        allowed = torch.cat([self.attended[:, None, :].expand(-1, tokens.shape[1], -1), block], dim=2)
+        positions = self.attended.long().sum(dim=1, keepdim=True) + depths
+        logits, hidden = self.head(tokens, features, positions, allowed)
+        last = torch.tensor([waiting.shape[0] - 1 for waiting in self.pending], device=self.head_device)
+        rows = torch.arange(len(contexts), device=self.head_device)
+        self.attended = torch.cat([self.attended, fed], dim=1)
+        self.cached = [start + waiting.shape[0] for start, waiting in zip(self.cached, self.pending)]
+        self.pending = [waiting[:0] for waiting in self.pending]
+        self.root = (lengths, logits[rows, last], hidden[rows, last])
+        return self.root[1], self.root[2]
+
+    def keep(self, rows: list[int]) -> None:
+        selected = torch.tensor(rows, dtype=torch.long, device=self.head_device)
+        self.head.keep_rows(selected)
+        self.attended = self.attended.index_select(0, selected)
+        self.cached = [self.cached[row] for row in rows]
+        self.pending = [self.pending[row] for row in rows]
+        self.root = None
 
 
 @register_drafter("eagle3", settings=Eagle3Settings, tree=True)

@@ -74,7 +74,7 @@ class _MidLayer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """One EAGLE-3 draft head with its own KV cache (one layer: keys/values [B, kv, S, D], B = 1 for one sequence).
+    """One EAGLE-3 draft head with its own KV cache (one layer: keys/values [B, kv, S, D], a row per sequence).
 
     config: the head's config.json read as a ``LlamaConfig``. feature_size: the width of the
     fused target features (3 x the target's hidden size). shared_embed: the target's input
