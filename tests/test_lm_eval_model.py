@@ -20,7 +20,7 @@ SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # 12 tokens: 8 steps of SmolLM2's layer-skip drafts, in which each draft length drafts its own lengths (the schedule
 # shrinks on rejections and grows on a full acceptance, the confidence cut stops drafts early) and drafts are kept and rejected.
 GREEDY = {"max_gen_toks": 12, "until": []}
-STORY_TOKENS = 24  # the story the stop-string test cuts: enough text for a stop string first seen halfway
+STORY_TOKENS = 16  # the story the stop-string test cuts: enough text for a stop string first seen halfway
 SAMPLED_TOKENS = 8  # the sea poem's greedy and sampled answers differ from the first token on
 
 
