@@ -21,7 +21,7 @@ SMOLLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # shrinks on rejections and grows on a full acceptance, the confidence cut stops drafts early) and drafts are kept and rejected.
 GREEDY = {"max_gen_toks": 12, "until": []}
 STORY_TOKENS = 16  # the story the stop-string test cuts: enough text for a stop string first seen halfway
-SAMPLED_TOKENS = 8  # the sea poem's greedy and sampled answers differ from the first token on
+SAMPLED_TOKENS = 8  # the sea poem on the tiny target: its greedy and sampled answers differ from the first token on
 
 
 @pytest.mark.parametrize(("setting", "message"), [

@@ -158,6 +158,7 @@ def build_manifest(
     ``questions``: where the task's questions came from (a file, a Hub dataset or a pinned package;
     ``tasks.providers.QuestionSet.source``). ``load``: a meter started when the run began, read for the machine's
     load (``machine_load``; None: half a second is sampled now)."""
+    load_record = machine_load(load)  # first: the git processes below are this run's, but once ended no longer counted as its own
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
@@ -168,7 +169,7 @@ def build_manifest(
         "source_sha256": source_hash(),
         "cpu": cpu_description(),
         "gpu": gpu_description(),
-        "machine_load": machine_load(load),
+        "machine_load": load_record,
         "models": {role: model_record(role, loaded, models) for role, loaded in models.items()},
         "methods": methods or {},
         "questions": questions,
