@@ -63,12 +63,12 @@ def summarise(path: Path, top: int) -> dict:
                           for name, n in samples.most_common(top)]}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     summaries = [summarise(path, args.top) for path in args.files]
     for summary in summaries:
         print(f"\n{summary['file']}: {summary['step_samples']} samples in steps; of them: "

@@ -33,7 +33,7 @@ from mars_bench.perf.suite import OURS, DraftConfig, Method, PerfSettings, Suite
 PHASES = ["step", "draft", "draft forward", "target forward", "verify", "cache rollback", "bookkeeping"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="Qwen/Qwen2.5-Coder-1.5B-Instruct")
     parser.add_argument("--draft-model", default="Qwen/Qwen2.5-Coder-0.5B-Instruct")
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default="spec_step_profile")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -27,7 +27,7 @@ from mars_bench.serving.vllm_worker import Worker
 PHASES = ["step", "schedule", "inputs", "target forward", "verify", "draft", "draft forward", "bookkeeping", "output"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=str(Path.home() / ".cache/mars_bench/models/Qwen--Qwen2.5-Coder-1.5B-Instruct"))
     parser.add_argument("--draft-model", default=str(Path.home() / ".cache/mars_bench/models/Qwen--Qwen2.5-Coder-0.5B-Instruct"))
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     given = json.loads(Path(args.prompts).read_text())
 
     import vllm
