@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import load_script
 
@@ -24,6 +25,7 @@ class _Loop:
         return torch.nn.functional.linear(x, self.weight).relu().sum()
 
 
+@pytest.mark.slow  # torch.profiler's first start takes about a second
 def test_a_phase_counts_only_inside_a_step_and_the_profile_splits_its_linear_layers_from_the_rest():
     clock = ranges.PhaseClock()
     loop = _Loop()
