@@ -19,10 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_profile_ranges import PhaseClock, cpu_profile, markdown, phase_breakdown  # noqa: E402
+from step_profile_ranges import PhaseClock, cpu_profile, phase_breakdown, write_result  # noqa: E402
 
 from mars_bench.bench.manifest import cpu_description  # noqa: E402
 from mars_bench.decoding import engine  # noqa: E402
@@ -81,16 +79,8 @@ def main(argv: list[str] | None = None) -> None:
 
     (out / "prompts.json").write_text(json.dumps({"prompts": suite.prompts, "tasks": suite.prompt_tasks,
                                                   "stops": suite.stops, "max_new_tokens": args.max_new_tokens}))  # fmt: skip
-    result = {"side": "ours", "settings": vars(args), "cpu": cpu_description(),
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "steps": steps, "tokens": tokens,
-              "tokens_per_step": tokens / steps, "timed": timed, "profile": profile, "runs": runs}  # fmt: skip
-    (out / "ours.json").write_text(json.dumps(result, indent=1))
-    print(f"ours: {steps} steps, {tokens / steps:.2f} new tokens per step (prefill's first token included)")
-    for phase in PHASES:
-        if phase in timed:
-            print(f"  {phase:15s} {timed[phase]['ms_per_step']:7.1f} ms/step, {timed[phase]['calls_per_step']:.2f} calls")
-    print(markdown({"ours (profiled)": profile}, PHASES))
-
+    write_result(out / "ours.json", "ours", PHASES, steps=steps, timed=timed, profile=profile, settings=vars(args),
+                 cpu=cpu_description(), tokens=tokens, tokens_per_step=tokens / steps, runs=runs)  # fmt: skip
 
 if __name__ == "__main__":
     main()

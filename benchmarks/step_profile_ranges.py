@@ -1,5 +1,6 @@
 """What a torch.profiler trace says about one speculative step's phases: shared by ``spec_step_profile.py``
-(ours) and ``vllm_spec_profile.py`` (vLLM's, run in vLLM's own environment), so it imports torch and nothing else.
+(ours) and ``vllm_spec_profile.py`` (vLLM's, run in vLLM's own environment), so it imports torch and the standard
+library only.
 
 Each phase is a ``record_function`` range the profiling script puts around the function that does it. For a
 range, the operators directly inside it (not inside another operator) are the time in kernels; the rest of the
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -139,3 +142,17 @@ def markdown(rows: dict[str, dict[str, dict[str, float]]], order: list[str]) -> 
                 lines.append(f"| {side} | {phase} | {p['calls']:.2f} | {p['wall_ms']:.1f} | {p['ops_ms']:.1f} | "
                              f"{p['linear_ms']:.1f} | {p['outside_ops_ms']:.1f} |")
     return "\n".join(lines)
+
+
+def write_result(path: Path, side: str, order: list[str], *, steps: int, timed: dict[str, dict[str, float]],
+                 profile: dict[str, dict[str, Any]], **fields: Any) -> None:  # fmt: skip
+    """Write one side's profile to ``path`` (its ``fields``, torch's version and threads, the steps, the timed and
+    profiled phases) and print its timed phases and its profile's table."""
+    result = {"side": side, **fields, "torch": torch.__version__, "threads": torch.get_num_threads(), "steps": steps,
+              "timed": timed, "profile": profile}  # fmt: skip
+    path.write_text(json.dumps(result, indent=1))
+    print(f"{side}: {steps} decode steps")
+    for phase in order:
+        if phase in timed:
+            print(f"  {phase:15s} {timed[phase]['ms_per_step']:7.1f} ms/step, {timed[phase]['calls_per_step']:.2f} calls")
+    print(markdown({f"{side} (profiled)": profile}, order))

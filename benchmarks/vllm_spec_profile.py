@@ -18,8 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-from step_profile_ranges import OUTER, PhaseClock, cpu_profile, markdown, phase_breakdown
+from step_profile_ranges import OUTER, PhaseClock, cpu_profile, phase_breakdown, write_result
 
 from mars_bench.bench.manifest import cpu_description
 from mars_bench.serving.vllm_worker import Worker
@@ -83,16 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         profiled_steps = sum(decode_steps(generate(prompt, given["max_new_tokens"])) for prompt in given["prompts"])
     profile = phase_breakdown(prof, profiled_steps)
 
-    result = {"side": "vllm", "vllm": vllm.__version__, "settings": vars(args), "cpu": cpu_description(),
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "steps": steps, "tokens": tokens,
-              "timed": timed, "profile": profile, "runs": runs}  # fmt: skip
-    Path(args.out, "vllm.json").write_text(json.dumps(result, indent=1))
-    print(f"vllm: {steps} decode steps, {tokens} tokens")
-    for phase in PHASES:
-        if phase in timed:
-            print(f"  {phase:15s} {timed[phase]['ms_per_step']:7.1f} ms/step, {timed[phase]['calls_per_step']:.2f} calls")
-    print(markdown({"vLLM (profiled)": profile}, PHASES))
-
+    write_result(Path(args.out, "vllm.json"), "vllm", PHASES, steps=steps, timed=timed, profile=profile,
+                 vllm=vllm.__version__, settings=vars(args), cpu=cpu_description(), tokens=tokens, runs=runs)  # fmt: skip
 
 if __name__ == "__main__":
     main()

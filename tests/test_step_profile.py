@@ -3,6 +3,7 @@ and benchmarks/pyspy_summary.py (py-spy's folded stacks of the steps)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,17 @@ def test_a_phase_counts_only_inside_a_step_and_the_profile_splits_its_linear_lay
     assert "aten::linear" in inner["top_ops_ms"] and "aten::relu" in inner["top_ops_ms"]
     table = ranges.markdown({"toy": profile}, ["step", "inner"])
     assert table.splitlines()[2].startswith("| toy | step | 1.00 |")
+
+
+def test_a_sides_result_is_written_with_what_it_ran_on(tmp_path, capsys):
+    timed = {"step": {"ms_per_step": 10.0, "calls_per_step": 1.0}}
+    profile = {"step": {"calls": 1.0, "wall_ms": 11.0, "ops_ms": 9.0, "linear_ms": 8.0, "outside_ops_ms": 2.0}}
+    ranges.write_result(tmp_path / "toy.json", "toy", ["step"], steps=3, timed=timed, profile=profile, tokens=12)
+    written = json.loads((tmp_path / "toy.json").read_text())
+    assert written["side"] == "toy" and written["steps"] == 3 and written["tokens"] == 12
+    assert written["torch"] == torch.__version__ and written["threads"] == torch.get_num_threads()
+    assert written["timed"] == timed and written["profile"] == profile
+    assert "| toy (profiled) | step | 1.00 | 11.0 | 9.0 | 8.0 | 2.0 |" in capsys.readouterr().out
 
 
 def test_a_named_phase_can_depend_on_the_phases_open_and_none_runs_untimed():
