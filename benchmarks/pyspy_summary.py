@@ -24,7 +24,8 @@ MARKERS = {  # phase -> the frames (py-spy's "Class.function (file:line)") a sta
     "target forward": ("Qwen2ForCausalLM.forward (transformers/", "GPUModelRunner._model_forward ("),
     "verify": ("_Batch.judge (", "RejectionSampler.forward ("),
 }
-PROFILED = "main.<locals>.<genexpr> ("  # the profiling scripts' second pass, under torch.profiler: left out
+# the profiling scripts' second pass, under torch.profiler, left out: both run it in a generator expression in main
+PROFILED = "main.<locals>.<genexpr> ("
 FRAME = re.compile(r"^(?P<name>[^ ]+) \((?P<file>[^:]+)(?::\d+)?\)$")
 
 
@@ -36,6 +37,8 @@ def short_file(path: str) -> str:
 
 
 def summarise(path: Path, top: int) -> dict:
+    """One folded-stack file: its samples inside steps, per phase the samples and their share of those (a fraction,
+    0 to 1), and the ``top`` innermost functions with their samples and share."""
     samples: Counter[str] = Counter()
     phases: Counter[str] = Counter()
     total = 0

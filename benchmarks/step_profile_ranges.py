@@ -63,17 +63,21 @@ class PhaseClock:
         setattr(owner, attribute, timed)
 
     def reset(self) -> None:
+        """Forget what was timed so far (the warm-up's steps)."""
         self.seconds.clear()
         self.calls.clear()
 
     def snapshot(self, steps: int) -> dict[str, dict[str, float]]:
-        """Per phase: ms and calls per step, over ``steps`` steps."""
+        """Per phase: ms and calls per step, over ``steps`` steps (ValueError where there were none)."""
+        if steps <= 0:
+            raise ValueError(f"steps={steps}: no decoding step was timed (allowed is a count >= 1)")
         return {phase: {"ms_per_step": 1000 * self.seconds[phase] / steps, "calls_per_step": self.calls[phase] / steps}
                 for phase in self.seconds}  # fmt: skip
 
 
 @contextlib.contextmanager
 def cpu_profile() -> Iterator[Any]:
+    """torch.profiler over the CPU's operators while in the block."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         yield prof
 
@@ -92,6 +96,7 @@ def _top_ops(event: Any) -> Iterator[Any]:
 
 
 def _in_step(event: Any) -> bool:
+    """Whether a profiler event lies inside a step's range (a prefill's does not)."""
     while event is not None:
         if event.name == PREFIX + OUTER:
             return True
@@ -100,6 +105,7 @@ def _in_step(event: Any) -> bool:
 
 
 def _linear_us(event: Any) -> float:
+    """Microseconds of linear-layer operators in ``event`` and under it."""
     if any(event.name == name or event.name.endswith(name) for name in LINEAR_OPS):
         return event.cpu_time_total
     return sum(_linear_us(child) for child in event.cpu_children)
