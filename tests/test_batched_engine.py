@@ -6,6 +6,7 @@ same per-prompt seeds, since a row draws from its own stream. Rows leave the bat
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -231,6 +232,19 @@ def test_a_drafter_a_user_registers_decodes_at_batch_4_what_it_decodes_alone_and
                                                                                for r in alone]  # fmt: skip
     steps = [step for result in together for step in result.steps]
     assert 0 < sum(step.accepted for step in steps) < sum(step.drafted for step in steps)  # kept and rejected drafts
+
+
+def test_a_drafter_written_for_one_sequence_against_drafter_is_refused_where_it_is_defined():
+    from mars_bench.drafting.base import Drafter
+
+    message = ("OldStyle.propose(context, max_drafts, ...) drafts one sequence: allowed are Drafter.propose(contexts, "
+               "limits, sampling, generators) over a batch's rows, or a SequenceDrafter subclass giving "
+               "propose_sequence(context, max_drafts, sampling, generator)")  # fmt: skip
+    with pytest.raises(TypeError, match="^" + re.escape(message) + "$"):
+
+        class OldStyle(Drafter):
+            def propose(self, context, max_drafts, sampling, generator):
+                return Draft(context[-1:])
 
 
 def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):

@@ -10,6 +10,7 @@ is its ``DrafterContext``: never a setting.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,17 @@ class Drafter:
     name: str = "base"
     settings: Any = NoSettings()
     hidden_layers: tuple[int, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass whose ``propose`` has the one-sequence signature of drafters written before this contract
+        (``context, max_drafts``) is refused where it is defined, in one line, rather than failing at its first
+        step on a list of contexts."""
+        super().__init_subclass__(**kwargs)
+        propose = cls.__dict__.get("propose")
+        if callable(propose) and list(inspect.signature(propose).parameters)[1:3] == ["context", "max_drafts"]:
+            raise TypeError(f"{cls.__name__}.propose(context, max_drafts, ...) drafts one sequence: allowed are "
+                            "Drafter.propose(contexts, limits, sampling, generators) over a batch's rows, or a "
+                            "SequenceDrafter subclass giving propose_sequence(context, max_drafts, sampling, generator)")
 
     def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
         """Start a batch (prompts: CPU LongTensor[P_b] per row; features: [P_b, F] per row, or None)."""
