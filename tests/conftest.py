@@ -19,7 +19,7 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -114,6 +114,17 @@ def run_config(*overrides: str):
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose(config_name="config", overrides=list(overrides))
+
+
+@contextmanager
+def figures_not_rendered() -> Iterator[None]:
+    """Within: figures are drawn but not rendered to files (``Figure.savefig`` does nothing), for the tests that read
+    an analysis's text and no pixels: rendering is most of an analysis's time."""
+    import matplotlib.figure
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, path, **options: None)
+        yield
 
 
 def load_script(path: Path) -> Any:

@@ -5,17 +5,17 @@ had small defects (8)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 from functools import cache
 from pathlib import Path
 
-import matplotlib.figure
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
-from conftest import SMOKE, python_m, run_config
+from conftest import SMOKE, figures_not_rendered, python_m, run_config
 from matplotlib.ticker import NullFormatter
 
 from mars_bench.analysis import figures
@@ -77,9 +77,7 @@ def analyse(cwd: Path, monkeypatch, *argv: str, pictures: bool = False):
     figures are drawn but, unless ``pictures``, not rendered to PNG: the tests that read its text need
     no pixels, and rendering is most of an analysis's time."""
     monkeypatch.syspath_prepend(str(REPO))
-    with monkeypatch.context() as patch:
-        if not pictures:
-            patch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, path, **options: None)
+    with contextlib.nullcontext() if pictures else figures_not_rendered():
         return python_m("analysis", *argv, cwd=cwd)
 
 

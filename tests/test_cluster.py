@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY, app, run_main, sbatch_script, slurm_config
+from conftest import TINY, app, figures_not_rendered, run_main, sbatch_script, slurm_config
 
 from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.baseline_cache import cache_entries
@@ -114,12 +114,9 @@ def test_a_sweep_as_parallel_jobs_decodes_each_baseline_once_and_matches_the_ser
 
 def app_process_analysis(folder: Path) -> int:
     """``python -m analysis FOLDER`` into FOLDER/analysis, its figures drawn but not rendered (only its tables are read)."""
-    import matplotlib.figure
-
     from analysis.__main__ import main
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, path, **options: None)
+    with figures_not_rendered():
         return main([str(folder), "--out", str(folder / "analysis")])
 
 
