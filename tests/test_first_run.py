@@ -356,24 +356,26 @@ def test_the_engine_reports_its_tokens_after_every_step_and_decodes_the_same():
     assert all(earlier < later for earlier, later in zip(counts, counts[1:]))
 
 
-def finished_row(method: str, new_tokens: int, steps: int, status: str = "ok") -> dict:
+def finished_row(method: str, new_tokens: int, steps: int, status: str = "ok", question: str = "q0") -> dict:
     return {"method": method, "new_tokens": new_tokens, "steps": steps, "drafted": 2 * steps, "accepted": new_tokens - steps,
-            "prefill_s": 0.5, "decode_s": 1.5, "status": status}  # fmt: skip
+            "prefill_s": 0.5, "decode_s": 1.5, "status": status, "question_id": question, "turn": 1}  # fmt: skip
 
 
 def test_the_progress_bar_counts_tokens_as_they_come_and_settles_on_the_tokens_generated():
     kept = [finished_row("baseline", 10, 9)]  # a resumed run's finished row
-    with TokenProgress(4, 10, kept, desc="cell", disable=False) as progress:
+    planned = [(question, 1, method) for question in ("q0", "q1") for method in ("baseline", "mars")]
+    with TokenProgress(planned, 10, kept, desc="cell", disable=False) as progress:
+        # the kept answer's length is what the 3 rows to come are expected to decode
         assert (progress.bar.n, progress.bar.total) == (10, 40)
         for tokens in (1, 4, 7):
             progress.tick(tokens)
         assert progress.bar.n == 17  # moving during the row
         progress.tick(2)  # a disturbed decode timed again starts over: the bar waits
         assert progress.bar.n == 17
-        progress.add(finished_row("mars", 7, 2))  # stopped short of its budget: the total drops by what it left
-        assert (progress.bar.n, progress.bar.total) == (17, 37)
+        progress.add(finished_row("mars", 7, 2))  # q0's other answer; 2 rows to come, as long as 8.5 tokens on average
+        assert (progress.bar.n, progress.bar.total) == (17, 34)
         progress.tick(5)
-        progress.add(finished_row("mars", 0, 0, status="failed"))  # a failure gives back what it had shown
-        assert (progress.bar.n, progress.bar.total) == (17, 27)
-        assert re.fullmatch(r"baseline 5\.0 tok/s, mars 3\.5 tok/s tau 3\.00", progress.bar.postfix)
+        progress.add(finished_row("mars", 0, 0, status="failed", question="q1"))  # gives back what it had shown
+        assert (progress.bar.n, progress.bar.total) == (17, 25)  # one row to come: 8.5 tokens, rounded
+        assert re.fullmatch(r"baseline 5\.0 tok/s, mars 3\.5 tok/s tau 3\.00, about \d+ s left", progress.bar.postfix)
     assert progress.bar.total == 17  # the row never decoded is not coming

@@ -147,7 +147,7 @@ class Cell:
         self.manifest_path = write_manifest(self.folder, self.manifest)
         planned = self.planned()
         kept = [self.writer.rows[key] for key in planned if self.writer.has(key)]
-        with TokenProgress(len(planned), self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
+        with TokenProgress(planned, self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
             self.on_tokens = bar.tick if progress and self.cfg.batch_size == 1 else None
             queue = self.backend.serves_a_queue and self.cfg.batch_size > 1  # at B = 1 a queue is one prompt at a time
             width = len(self.questions) if queue else self.cfg.batch_size

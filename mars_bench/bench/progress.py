@@ -5,36 +5,69 @@ engine's ``on_tokens`` call, whose time is left out of the method's; as the row 
 row's new tokens. Its total is every planned row's ``max_new_tokens``, lowered as a row ends short of it
 (a stop token, a failure), so that it reaches exactly the tokens generated. The postfix gives, over the
 rows finished so far, each method's throughput and the speculative method's tau, pooled as the summary
-pools them (``bench/summary.py``).
+pools them (``bench/summary.py``), and the time left as ``bench/duration.py`` predicts it from the finished
+answers' lengths and speeds (tqdm's own estimate, from the token budget, is not shown). Once the first answer
+is in, the total is the tokens the cell is expected to decode. The first two questions done, one line says
+what the whole cell is expected to take; at the end, one line sets that beside what it took.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mars_bench.bench.duration import Key, error_pct, forecast_of, minutes
 from mars_bench.bench.records import BASELINE
 from mars_bench.decoding.tally import DecodeTally
 
+FIRST_QUESTIONS = 2  # questions done before the cell's whole duration is stated
+LONG_CELL_TOKENS = 2_000  # a cell that may decode more points to a short look first
+SHORT_LOOK = "python -m mars_bench experiment=smoke"
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"  # tqdm's, without its estimate
+
 
 class TokenProgress:
-    """tqdm over a cell's tokens: ``planned`` rows of up to ``max_new_tokens`` each, ``kept`` rows (a
-    resumed run's) counted from the start; ``disable`` (``progress=false``) keeps it silent."""
+    """tqdm over a cell's tokens: the ``planned`` rows' keys, each row up to ``max_new_tokens``, ``kept`` rows (a
+    resumed run's) counted from the start; ``disable`` (``progress=false``) keeps it and its lines silent."""
 
-    def __init__(self, planned: int, max_new_tokens: int, kept: Iterable[Mapping[str, Any]], *, desc: str, disable: bool):
+    def __init__(self, planned: list[Key], max_new_tokens: int, kept: Iterable[Mapping[str, Any]], *, desc: str,
+                 disable: bool):  # fmt: skip
         from tqdm import tqdm
 
-        self.max_new_tokens = max_new_tokens
+        kept = list(kept)
+        self.max_new_tokens, self.disable = max_new_tokens, disable
         self.totals: dict[str, DecodeTally] = {}  # method -> its finished rows
         self.in_flight = 0  # tokens shown so far of the row being decoded
-        total, done = planned * max_new_tokens, 0
+        self.forecast = forecast_of(planned, max_new_tokens, kept)
+        self.started = self.last = time.monotonic()  # the cell's start; the last finished row (or begin)
+        self.questions_done = self.forecast.questions_done()
+        self.predicted: float | None = None  # the cell's whole seconds, as predicted once its first questions were done
+        self.left = self.forecast.seconds_left()  # from the last finished row on (None: not known yet)
+        total, done = len(planned) * max_new_tokens, 0
         for row in kept:
             tokens = self.take(row)
             total, done = total - (max_new_tokens - tokens), done + tokens
+        expected = self.forecast.tokens_left()
+        total = total if expected is None else done + round(expected)
         # initial: the kept tokens, which tqdm leaves out of this session's rate
-        self.bar = tqdm(total=total, initial=done, unit="tok", desc=desc, disable=disable, dynamic_ncols=True)
+        self.bar = tqdm(total=total, initial=done, unit="tok", desc=desc, disable=disable, dynamic_ncols=True,
+                        bar_format=BAR_FORMAT)  # fmt: skip
+        if total - done > LONG_CELL_TOKENS:
+            self.say(f"up to {total - done} new tokens to decode; the bar gives the time left once the first answer "
+                     f"is in (a 1-minute look: {SHORT_LOOK})")  # fmt: skip
         self.show()
+
+    def say(self, line: str) -> None:
+        """One line above the bar (none where the bar is off)."""
+        if not self.disable:
+            self.bar.write(f"mars_bench: {line}", file=sys.stderr)
+
+    def begin(self) -> None:
+        """The cell's rows start decoding now (after a warm-up, whose time no row's speed should count)."""
+        self.last = time.monotonic()
 
     def take(self, row: Mapping[str, Any]) -> int:
         """Count a finished row in its method's totals; returns its new tokens (0 for a failed row)."""
@@ -50,28 +83,52 @@ class TokenProgress:
         ahead = min(new_tokens, self.max_new_tokens) - self.in_flight
         if ahead > 0:
             self.in_flight += ahead
+            if self.left is not None:
+                self.show()
+            self.bar.total = max(self.bar.total, self.bar.n + ahead)  # a row longer than expected
             self.bar.update(ahead)
 
     def add(self, row: Mapping[str, Any]) -> None:
         """A row just finished: the bar stands at its tokens, and its total drops by the budget it left unused."""
-        tokens = self.take(row)
+        tokens, now = self.take(row), time.monotonic()
+        self.forecast.finish(row, now - self.last)
+        self.last = now
         self.bar.total -= self.max_new_tokens - tokens
         self.bar.update(tokens - self.in_flight)  # back, for a failed row, by what it had shown
         self.in_flight = 0
+        expected = self.forecast.tokens_left()
+        if expected is not None:
+            self.bar.total = max(self.bar.n, self.bar.n + round(expected))
+        self.left = self.forecast.seconds_left() if self.forecast.coming() else None
         self.show()
+        questions_done, questions = self.forecast.questions_done(), len({key[0] for key in self.forecast.planned})
+        if self.questions_done < FIRST_QUESTIONS <= questions_done < questions and self.left is not None:
+            elapsed, left = now - self.started, self.left
+            self.predicted = elapsed + left
+            self.say(f"the first {questions_done} of {questions} prompts took {minutes(elapsed)}; about {minutes(left)} "
+                     f"left, {minutes(self.predicted)} in all (from their answers' lengths and speeds)")  # fmt: skip
+        self.questions_done = questions_done
 
-    def show(self) -> None:
+    def show(self, *, final: bool = False) -> None:
+        """The postfix: each method's speed (and tau), then the time left (not once the cell is done)."""
         parts = []
         for method, tally in self.totals.items():
             rate, tau = tally.tokens_per_s, tally.tau
             text = method if math.isnan(rate) else f"{method} {rate:.1f} tok/s"
             parts.append(text + ("" if method == BASELINE or math.isnan(tau) else f" tau {tau:.2f}"))
-        self.bar.set_postfix_str(", ".join(parts))
+        if self.left is not None and not final:
+            parts.append(f"about {minutes(self.left - (time.monotonic() - self.last))} left")
+        self.bar.set_postfix_str(", ".join(parts), refresh=False)
 
     def close(self) -> None:
         self.bar.total = self.bar.n  # turns never decoded (after a failed turn) are not coming
+        self.show(final=True)
         self.bar.refresh()
         self.bar.close()
+        if self.predicted is not None and not self.forecast.coming():
+            took = time.monotonic() - self.started
+            self.say(f"the cell took {minutes(took)}; predicted {minutes(self.predicted)} after its first "
+                     f"{FIRST_QUESTIONS} prompts ({error_pct(self.predicted, took):+.0f}%)")
 
     def __enter__(self) -> TokenProgress:
         return self

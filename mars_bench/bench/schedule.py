@@ -51,6 +51,7 @@ def chunks(questions: list[Question], size: int) -> list[list[tuple[int, Questio
 
 def run_schedule(cell: Scheduled, batch_size: int, bar: Any) -> None:
     """Decode and write every missing row of ``cell``, ``batch_size`` prompts at a time; ``bar``: its progress."""
+    bar.begin()
     for number, chunk in enumerate(chunks(cell.questions, batch_size)):
         order = cell.methods if number % 2 == 0 else cell.methods[::-1]
         waiting: list[list[Record]] = []  # method batches decoded before their baseline rows exist

@@ -1,0 +1,116 @@
+"""How long a cell has left, predicted from its own finished rows rather than from its token budget.
+
+A row still to come is expected to be as long as the answers already finished: the same question's answer
+by another method where one exists (answer lengths vary most between questions), else the mean of the
+finished answers of its turn, else of all turns. Each method's rows are expected to take the wall seconds
+per token its own finished rows took in this session (the gaps between finished rows: decoding, scoring and
+writing, warm-ups left out), else their measured decode seconds (a resumed run's kept rows), else the pooled
+rates of every method, in that order. Nothing is predicted before the first answer finishes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mars_bench.bench.records import row_key
+
+Key = tuple[str, int, str]  # (question, turn, method), as records.row_key
+
+
+@dataclass
+class Forecast:
+    """The finished rows of a cell whose ``planned`` rows decode up to ``budget`` new tokens each."""
+
+    planned: list[Key]
+    budget: int
+    lengths: dict[Key, int] = field(default_factory=dict)  # a finished answer's new tokens (capped at the budget)
+    done: set[Key] = field(default_factory=set)  # every finished row, a failed one too
+    wall: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # method -> [s, tokens]
+    measured: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # rows' own seconds
+
+    def finish(self, row: Mapping[str, Any], wall_s: float | None) -> None:
+        """A finished row; ``wall_s``: the wall seconds since the row before it finished (None for a kept row)."""
+        key = row_key(row)
+        self.done.add(key)
+        if row["status"] != "ok":
+            return
+        tokens = min(int(row["new_tokens"]), self.budget)
+        self.lengths[key] = tokens
+        own = self.measured[key[2]]
+        own[0], own[1] = own[0] + row["prefill_s"] + row["decode_s"], own[1] + tokens
+        if wall_s is not None:
+            spent = self.wall[key[2]]
+            spent[0], spent[1] = spent[0] + wall_s, spent[1] + tokens
+
+    def expected_tokens(self, key: Key) -> float | None:
+        """The new tokens row ``key`` is expected to decode; None before any answer finished."""
+        same_question = [n for (question, turn, _), n in self.lengths.items() if (question, turn) == key[:2]]
+        same_turn = [n for (_, turn, _), n in self.lengths.items() if turn == key[1]]
+        for lengths in (same_question, same_turn, list(self.lengths.values())):
+            if lengths:
+                return sum(lengths) / len(lengths)
+        return None
+
+    def seconds_per_token(self, method: str) -> float | None:
+        """The wall seconds a token of ``method`` is expected to take; None before any answer finished."""
+        def pooled(spent: dict[str, list[float]]) -> tuple[float, float]:
+            return sum(s for s, _ in spent.values()), sum(n for _, n in spent.values())
+
+        own = (self.wall.get(method, (0.0, 0.0)), self.measured.get(method, (0.0, 0.0)))
+        for seconds, tokens in (*own, pooled(self.wall), pooled(self.measured)):
+            if tokens:
+                return seconds / tokens
+        return None
+
+    def coming(self) -> list[Key]:
+        """The planned rows not finished yet."""
+        return [key for key in self.planned if key not in self.done]
+
+    def tokens_left(self) -> float | None:
+        """The new tokens the rows still to come are expected to decode (None: not known yet)."""
+        expected = [self.expected_tokens(key) for key in self.coming()]
+        return None if None in expected else sum(expected)  # type: ignore[arg-type]
+
+    def seconds_left(self) -> float | None:
+        """The wall seconds the rows still to come are expected to take, from the last finished row on."""
+        total = 0.0
+        for key in self.coming():
+            tokens, rate = self.expected_tokens(key), self.seconds_per_token(key[2])
+            if tokens is None or rate is None:
+                return None
+            total += tokens * rate
+        return total
+
+    def questions_done(self) -> int:
+        """How many questions have every planned row finished."""
+        rows: dict[str, list[bool]] = defaultdict(list)
+        for key in self.planned:
+            rows[key[0]].append(key in self.done)
+        return sum(all(finished) for finished in rows.values())
+
+
+def minutes(seconds: float) -> str:
+    """``seconds`` as a person reads a duration: ``45 s``, ``4 min 10 s``, ``1 h 12 min``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def forecast_of(planned: Iterable[Key], budget: int, kept: Iterable[Mapping[str, Any]]) -> Forecast:
+    """A cell's forecast, with the rows a resumed run kept counted as finished."""
+    forecast = Forecast(list(planned), budget)
+    for row in kept:
+        forecast.finish(row, None)
+    return forecast
+
+
+def error_pct(predicted: float, took: float) -> float:
+    """How far ``predicted`` seconds were from the ``took`` seconds, in percent of ``took`` (signed)."""
+    return 100.0 * (predicted - took) / took if took > 0 else math.nan

@@ -1,0 +1,78 @@
+"""The time a cell has left, predicted from its finished answers' lengths and speeds (bench/duration.py), and
+the lines the progress bar prints with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from mars_bench.bench import progress as progress_module
+from mars_bench.bench.duration import Forecast, error_pct, forecast_of, minutes
+from mars_bench.bench.progress import SHORT_LOOK, TokenProgress
+
+
+def row(question: str, method: str, new_tokens: int, seconds: float = 1.0, status: str = "ok", turn: int = 1) -> dict:
+    return {"question_id": question, "turn": turn, "method": method, "new_tokens": new_tokens, "status": status,
+            "prefill_s": 0.0, "decode_s": seconds, "steps": new_tokens, "drafted": 0, "accepted": 0}  # fmt: skip
+
+
+PLANNED = [(question, 1, method) for question in ("a", "b", "c", "d") for method in ("baseline", "mars")]
+
+
+def test_nothing_is_predicted_before_the_first_answer():
+    forecast = Forecast(PLANNED, budget=512)
+    assert forecast.tokens_left() is None and forecast.seconds_left() is None
+
+
+def test_a_row_is_expected_as_long_as_its_question_s_other_answer_else_the_mean_and_at_its_method_s_speed():
+    forecast = Forecast(PLANNED, budget=512)
+    forecast.finish(row("a", "baseline", 100), wall_s=50.0)  # 0.5 s a token
+    forecast.finish(row("a", "mars", 120), wall_s=12.0)  # 0.1 s a token
+    forecast.finish(row("b", "mars", 300), wall_s=30.0)
+    assert forecast.expected_tokens(("b", 1, "baseline")) == 300  # the same question's other answer
+    assert forecast.expected_tokens(("c", 1, "mars")) == pytest.approx((100 + 120 + 300) / 3)
+    assert forecast.seconds_per_token("baseline") == 0.5
+    assert forecast.seconds_per_token("mars") == pytest.approx(42 / 420)
+    mean = (100 + 120 + 300) / 3
+    assert forecast.seconds_left() == pytest.approx(300 * 0.5 + 2 * mean * 0.5 + 2 * mean * 0.1)
+    assert forecast.questions_done() == 1
+
+
+def test_a_failed_row_is_done_but_no_length_and_a_method_without_rows_takes_the_pooled_speed():
+    forecast = forecast_of(PLANNED, 512, [row("a", "baseline", 600, seconds=60.0)])  # a kept row: its own seconds
+    assert forecast.lengths[("a", 1, "baseline")] == 512  # capped at the budget
+    assert forecast.seconds_per_token("baseline") == pytest.approx(60 / 512)
+    assert forecast.seconds_per_token("mars") == pytest.approx(60 / 512)  # nothing else measured yet
+    forecast.finish(row("a", "mars", 0, status="failed"), wall_s=3.0)
+    assert ("a", 1, "mars") not in forecast.lengths and ("a", 1, "mars") not in forecast.coming()
+    assert forecast.seconds_per_token("mars") == pytest.approx(60 / 512)  # the failure's seconds count for nothing
+
+
+def test_durations_read_as_a_person_reads_them():
+    assert [minutes(s) for s in (-3, 45, 250, 4500)] == ["0 s", "45 s", "4 min 10 s", "1 h 15 min"]
+    assert error_pct(110, 100) == pytest.approx(10.0)
+
+
+def test_the_bar_states_the_whole_duration_after_two_prompts_and_sets_it_beside_what_it_took(monkeypatch, capsys):
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    with TokenProgress(PLANNED, 512, [], desc="cell", disable=False) as bar:
+        clock[0] += 20  # a warm-up, which no row's speed counts
+        bar.begin()
+        for question in "abcd":
+            for method, seconds_per_token in (("baseline", 0.5), ("mars", 0.1)):
+                clock[0] += 200 * seconds_per_token
+                bar.add(row(question, method, 200))
+    err = capsys.readouterr().err
+    assert f"a 1-minute look: {SHORT_LOOK}" in err  # 8 rows of up to 512 tokens
+    # after a and b: 20 s warm-up + 2 * (100 + 20) s, and c and d expected to take as long
+    assert "mars_bench: the first 2 of 4 prompts took 4 min 20 s; about 4 min 0 s left, 8 min 20 s in all" in err
+    assert "mars_bench: the cell took 8 min 20 s; predicted 8 min 20 s after its first 2 prompts (+0%)" in err
+
+
+def test_a_quiet_bar_prints_no_line(monkeypatch, capsys):
+    with TokenProgress(PLANNED, 512, [], desc="cell", disable=True) as bar:
+        bar.begin()
+        for question in "abcd":
+            for method in ("baseline", "mars"):
+                bar.add(row(question, method, 200))
+    assert "mars_bench" not in capsys.readouterr().err
