@@ -90,13 +90,20 @@ def start() -> None:
     over targets, or a launcher whose extra is not installed, in one line before Hydra composes the config."""
     from mars_bench.bench.run_folder import INTERRUPTED_EXIT, interrupted_line
     from mars_bench.common.extras import check_launcher
-    from mars_bench.config.overrides import check_group_choices, check_override_keys, check_override_values, check_slurm_sweep
+    from mars_bench.config.overrides import (
+        check_group_choices,
+        check_override_keys,
+        check_override_values,
+        check_slurm_sweep,
+        check_tuning_row,
+    )
 
     try:
         check_group_choices(sys.argv[1:])
         check_override_keys(sys.argv[1:])
         check_override_values(sys.argv[1:])
         check_slurm_sweep(sys.argv[1:])
+        check_tuning_row(sys.argv[1:])
         check_launcher(sys.argv[1:])
     except ValueError as error:
         print(f"mars_bench: error: {error}", file=sys.stderr)

@@ -22,6 +22,7 @@ from mars_bench.__main__ import CONF_DIR
 from mars_bench.bench.cell import run_cell
 from mars_bench.bench.manifest import source_hash
 from mars_bench.bench.records import Record, read_rows
+from mars_bench.common.cpu import cpu_kind
 from mars_bench.config.checks import check_run_config
 from mars_bench.config.method import method_spec
 from mars_bench.tasks import QuestionFileError
@@ -102,15 +103,18 @@ def test_each_drafter_tuning_names_a_model_a_drafter_and_a_tuning_option_and_set
         rest, _, choice = tuning.stem.rpartition("_")
         model, _, drafter = rest.rpartition("_")
         assert model in GROUPS["model"] and drafter in GROUPS["drafter"] and choice in GROUPS["tuning"], tuning.name
-        content = OmegaConf.load(tuning)
-        assert set(content) == {"tuned", "drafter"} and content.tuned == tuning.stem, tuning.name
+        content = OmegaConf.to_container(OmegaConf.load(tuning), resolve=False)  # a table's rows are interpolations
+        per_kind = {"tuned_for", "cpu_tuning", "model"}  # a table per CPU kind: the precision, beside the draft weights
+        assert set(content) - per_kind == {"tuned", "drafter"} and content["tuned"] == tuning.stem, tuning.name
+        assert set(content.get("model", {})) <= {"dtype"}, tuning.name
         allowed = {item.name for item in fields(DrafterCommon)} | {item.name for item in fields(drafter_settings(drafter))}
-        assert set(content.drafter) and set(content.drafter) <= allowed - {"name"}, tuning.name
+        assert set(content["drafter"]) and set(content["drafter"]) <= allowed - {"name"}, tuning.name
         cfg = run_config(f"model={model}", f"drafter={drafter}", f"tuning={choice}")
-        assert cfg.tuned == tuning.stem and all(cfg.drafter[key] == value for key, value in content.drafter.items())
+        written = OmegaConf.to_container(cfg.drafter, resolve=False)
+        assert cfg.tuned == tuning.stem and all(written[key] == value for key, value in content["drafter"].items())
         check_run_config(cfg)
         untuned = run_config(f"model={model}", f"drafter={drafter}", "tuning=none")
-        assert untuned.tuned is None and any(untuned.drafter[key] != value for key, value in content.drafter.items())
+        assert untuned.tuned is None and any(untuned.drafter[key] != cfg.drafter[key] for key in content["drafter"])
 
 
 def test_the_same_command_runs_the_same_method_on_every_machine():
@@ -121,6 +125,35 @@ def test_the_same_command_runs_the_same_method_on_every_machine():
         assert _drafter_keys(run_config(f"model.device_map={placement}", "tuning=none")) == AS_LOADED
 
 
+def test_the_tuning_takes_the_row_of_its_cpu_kind_and_a_typed_value_wins(tmp_path):
+    from mars_bench.common.cpu import CPU_KINDS, OTHER_KIND
+    from mars_bench.config.overrides import check_tuning_row
+
+    assert [cpu_kind(frozenset(flags)) for flags in (["avx2", "avx512_bf16", "amx_bf16"], ["avx2", "avx512_bf16"],
+                                                     ["avx2"], ["neon"])] == ["amx", "avx512_bf16", "avx2", "other"]  # fmt: skip
+    cfg = run_config()
+    assert cfg.tuned_for == cpu_kind() and set(cfg.cpu_tuning) == {*CPU_KINDS, OTHER_KIND}
+    assert all(row.measured for row in cfg.cpu_tuning.values())  # each row names what chose it
+    assert run_config("model.device_map=cuda").tuned_for == OTHER_KIND
+    # a tuning whose rows differ: each kind's row sets the precision and the draft weights; typed values win
+    tuning = tmp_path / "drafter_tuning" / "smollm2-135m_model_cpu.yaml"
+    tuning.parent.mkdir()
+    tuning.write_text("# @package _global_\ntuned: smollm2-135m_model_cpu\ntuned_for: ${placement_kind:${model.device_map}}\n"
+                      "cpu_tuning:\n  amx: {dtype: bfloat16, weights: int4, measured: a}\n"
+                      "  avx512_bf16: {dtype: bfloat16, weights: int8, measured: b}\n"
+                      "  avx2: {dtype: float32, weights: null, measured: c}\n  other: {dtype: bfloat16, measured: d}\n"
+                      "model:\n  dtype: ${cpu_tuning.${tuned_for}.dtype}\n"
+                      "drafter:\n  weights: ${cpu_tuning.${tuned_for}.weights}\n")  # fmt: skip
+    planted = ["model=smollm2-135m", "drafter=model", f"hydra.searchpath=[file://{tmp_path}]"]
+    for kind, dtype, weights in (("amx", "bfloat16", "int4"), ("avx512_bf16", "bfloat16", "int8"), ("avx2", "float32", None)):
+        row = run_config(*planted, f"tuned_for={kind}")
+        assert (row.model.dtype, row.drafter.weights) == (dtype, weights), kind
+    typed = run_config(*planted, "tuned_for=avx2", "model.dtype=bfloat16", "drafter.weights=int8")
+    assert (typed.model.dtype, typed.drafter.weights) == ("bfloat16", "int8")
+    with pytest.raises(ValueError, match=r"^tuned_for=avx9 is invalid: allowed is one of amx, avx512_bf16, avx2, other$"):
+        check_tuning_row(["tuned_for=avx9"])
+
+
 def test_the_first_line_names_the_method_and_its_tuning():
     from mars_bench.config.run_line import run_line
 
@@ -129,9 +162,10 @@ def test_the_first_line_names_the_method_and_its_tuning():
         return run_line(cfg, method_spec(cfg))
 
     assert first_line() == (
-        "mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=confidence,gamma=20,draft_vocab=32768,"
+        "mars_bench: model=qwen2.5-coder-1.5b dtype=bfloat16 drafter=model(length=confidence,gamma=20,draft_vocab=32768,"
         "context_vocab=True,weights=int4,guesses=3) verifier=mars(theta=0.9,guard=never,correction=residual) "
-        "task=humaneval temperature=1 batch_size=1; tuning=cpu (conf/drafter_tuning/qwen2.5-coder-1.5b_model_cpu.yaml)"
+        f"task=humaneval temperature=1 batch_size=1; tuning=cpu for CPU kind {cpu_kind()} "
+        "(conf/drafter_tuning/qwen2.5-coder-1.5b_model_cpu.yaml: dtype=bfloat16, weights=int4)"
     )
     assert first_line("tuning=none").endswith("; tuning=none (the drafter's own defaults)")
     assert first_line("drafter=lookup").endswith(
@@ -165,7 +199,8 @@ def test_a_drafter_tuning_reaches_the_records_of_a_real_run(tmp_path, tiny_targe
     done = app(*SMOKE, *settings, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
-    assert first.startswith("mars_bench: model=smollm2-135m drafter=model(length=confidence,gamma=5,weights=int8) ")
+    assert first.startswith("mars_bench: model=smollm2-135m dtype=bfloat16 drafter=model(length=confidence,gamma=5,"
+                            "weights=int8) ")  # fmt: skip
     assert first.endswith("; tuning=cpu (conf/drafter_tuning/smollm2-135m_model_cpu.yaml)")
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert (manifest["config"]["tuning"], manifest["config"]["tuned"]) == ("cpu", "smollm2-135m_model_cpu")
@@ -305,7 +340,7 @@ def test_the_app_builds_a_cells_method_once(tmp_path, monkeypatch, capsys):
     assert len(built) == 1  # before: the first line, the check, and the failure row each built their own
     (row,) = read_rows(tmp_path / "out" / "records.jsonl")
     assert row["status"] == "failed" and row["verifier_setting"] == setting_string(built[0].verifier_values) != ""
-    assert capsys.readouterr().out.startswith("mars_bench: model=smollm2-135m drafter=layerskip(")
+    assert capsys.readouterr().out.startswith("mars_bench: model=smollm2-135m dtype=bfloat16 drafter=layerskip(")
 
 
 @pytest.fixture
@@ -436,7 +471,8 @@ def test_bf16_on_a_cpu_without_native_bf16_is_named_in_one_line():
 
     line = emulated_bf16_warning("bfloat16", None, NO_BF16_CPU)
     assert line.startswith("dtype=bfloat16 on a CPU without native bf16 (a CPU: ") and "\n" not in line
-    assert "model.dtype=float32" in line and all(flag in line for flag in BF16_FLAGS)
+    assert "one-token forward ran about as fast as in float32" in line and all(flag in line for flag in BF16_FLAGS)
+    assert "runs faster" not in line  # the plain command ran faster there than the float32 advice (docs/performance.md)
     assert emulated_bf16_warning("bfloat16", "cpu", NO_BF16_CPU) == line
     native = {**NO_BF16_CPU, "amx_bf16": True, "native_bf16": True}
     unknown = {**NO_BF16_CPU, "avx512_bf16": None, "amx_bf16": None, "native_bf16": None}

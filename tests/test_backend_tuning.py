@@ -39,7 +39,8 @@ def test_the_default_config_runs_under_backend_vllm_with_its_tuning_not_applied(
         check_run_config(cfg)
     untuned = run_config("tuning=none")
     assert cfg.tuned is None and OmegaConf.to_container(cfg.drafter) == OmegaConf.to_container(untuned.drafter)
-    assert run_line(cfg, method_spec(cfg)) == ("mars_bench: model=qwen2.5-coder-1.5b drafter=model(length=fixed,gamma=5) "
+    assert run_line(cfg, method_spec(cfg)) == ("mars_bench: model=qwen2.5-coder-1.5b dtype=bfloat16 "
+                                               "drafter=model(length=fixed,gamma=5) "
                                                "verifier=mars(theta=0.9,guard=never,correction=residual) task=humaneval "
                                                "temperature=1 batch_size=1" + NOT_APPLIED)  # fmt: skip
     assert cfg.tuning == "cpu"  # the choice as made; the first line says what became of it

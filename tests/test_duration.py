@@ -3,7 +3,11 @@ the lines the progress bar prints with it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from conftest import load_script
 
 from mars_bench.bench import progress as progress_module
 from mars_bench.bench.duration import Forecast, error_pct, forecast_of, minutes
@@ -76,3 +80,29 @@ def test_a_quiet_bar_prints_no_line(monkeypatch, capsys):
             for method in ("baseline", "mars"):
                 bar.add(row(question, method, 200))
     assert "mars_bench" not in capsys.readouterr().err
+
+
+def test_a_question_not_answered_yet_is_expected_as_long_as_its_answers_measured_before(tmp_path):
+    forecast = Forecast(PLANNED, budget=512, measured={"c:1": 80.0, "d:1": 900.0})
+    forecast.finish(row("a", "baseline", 300), wall_s=30.0)
+    assert forecast.expected_tokens(("a", 1, "mars")) == 300  # this run's own answer to the question first
+    assert forecast.expected_tokens(("c", 1, "mars")) == 80  # then the lengths measured before
+    assert forecast.expected_tokens(("d", 1, "mars")) == 512  # never beyond the budget
+    assert forecast.expected_tokens(("b", 1, "mars")) == 300  # else this run's mean
+
+
+def test_the_measured_lengths_are_the_committed_runs_means_as_the_script_writes_them(tmp_path):
+    from mars_bench.bench.duration import MEASURED_LENGTHS, measured_lengths
+    from mars_bench.bench.records import RECORDS_FILE
+
+    humaneval = measured_lengths("qwen2.5-coder-1.5b", "humaneval")  # the main job's task, as committed
+    assert len(humaneval) >= 10 and all(key.endswith(":1") and value > 0 for key, value in humaneval.items())
+    assert measured_lengths("no-such-model", "humaneval") == {}
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{**row(q, m, n), "model": "m", "task": "t"} for q, m, n in (("7", "baseline", 100), ("7", "mars", 50))]
+    (run / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = load_script(Path(__file__).parents[1] / "benchmarks" / "answer_lengths.py")
+    script.main([str(run), "--write-lengths", str(tmp_path / "lengths.json")])
+    assert measured_lengths("m", "t", tmp_path / "lengths.json") == {"7:1": 75.0}
+    assert MEASURED_LENGTHS.is_file()

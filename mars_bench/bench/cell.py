@@ -25,6 +25,7 @@ from mars_bench.backends.hf import cached_model, forget_loaded_models, load_mode
 from mars_bench.bench.baseline_cache import BaselineCache, baseline_key, batch_baseline_key
 from mars_bench.bench.claims import Claim
 from mars_bench.bench.contention import ContentionMeter
+from mars_bench.bench.duration import measured_lengths
 from mars_bench.bench.failures import is_cell_failure
 from mars_bench.bench.manifest import build_manifest, write_manifest
 from mars_bench.bench.progress import TokenProgress
@@ -147,7 +148,9 @@ class Cell:
         self.manifest_path = write_manifest(self.folder, self.manifest)
         planned = self.planned()
         kept = [self.writer.rows[key] for key in planned if self.writer.has(key)]
-        with TokenProgress(planned, self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress) as bar:
+        measured = measured_lengths(self.cfg.model.name, self.cfg.task.name)
+        with TokenProgress(planned, self.cfg.max_new_tokens, kept, desc=self.name, disable=not progress,
+                           measured=measured) as bar:  # fmt: skip
             self.on_tokens = bar.tick if progress and self.cfg.batch_size == 1 else None
             queue = self.backend.serves_a_queue and self.cfg.batch_size > 1  # at B = 1 a queue is one prompt at a time
             width = len(self.questions) if queue else self.cfg.batch_size

@@ -1,24 +1,41 @@
 """How long a cell has left, predicted from its own finished rows rather than from its token budget.
 
-A row still to come is expected to be as long as the answers already finished: the same question's answer
-by another method where one exists (answer lengths vary most between questions), else the mean of the
-finished answers of its turn, else of all turns. Each method's rows are expected to take the wall seconds
+A row still to come is expected to be as long as the same question's answer by another method where one has
+finished (answer lengths vary most between questions), else as the answers to that question measured before
+(``measured_lengths.json``: the committed runs' answers of that model to that task, written by
+``benchmarks/answer_lengths.py --write-lengths``), else as the mean of the finished answers of its turn, else
+of all turns; never longer than the budget. Each method's rows are expected to take the wall seconds
 per token its own finished rows took in this session (the gaps between finished rows: decoding, scoring and
-writing, warm-ups left out), else their measured decode seconds (a resumed run's kept rows), else the pooled
+writing, warm-ups left out), else their own decode seconds (a resumed run's kept rows), else the pooled
 rates of every method, in that order. Nothing is predicted before the first answer finishes.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mars_bench.bench.records import row_key
 
 Key = tuple[str, int, str]  # (question, turn, method), as records.row_key
+MEASURED_LENGTHS = Path(__file__).with_name("measured_lengths.json")
+
+
+def length_key(question: str, turn: int) -> str:
+    """A question's turn as ``measured_lengths.json`` names it: ``QUESTION:TURN``."""
+    return f"{question}:{turn}"
+
+
+def measured_lengths(model: str, task: str, path: Path = MEASURED_LENGTHS) -> dict[str, float]:
+    """The mean new tokens of the answers to each turn of ``task``'s questions that ``model`` (a model option's name)
+    gave in the committed runs, by ``length_key``; empty where none were measured."""
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    return dict(table.get("lengths", {}).get(model, {}).get(task, {}))
 
 
 @dataclass
@@ -27,10 +44,11 @@ class Forecast:
 
     planned: list[Key]
     budget: int
+    measured: dict[str, float] = field(default_factory=dict)  # measured_lengths' means, by length_key
     lengths: dict[Key, int] = field(default_factory=dict)  # a finished answer's new tokens (capped at the budget)
     done: set[Key] = field(default_factory=set)  # every finished row, a failed one too
     wall: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # method -> [s, tokens]
-    measured: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # rows' own seconds
+    decoded: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # rows' own seconds
 
     def finish(self, row: Mapping[str, Any], wall_s: float | None) -> None:
         """A finished row; ``wall_s``: the wall seconds since the row before it finished (None for a kept row)."""
@@ -40,7 +58,7 @@ class Forecast:
             return
         tokens = min(int(row["new_tokens"]), self.budget)
         self.lengths[key] = tokens
-        own = self.measured[key[2]]
+        own = self.decoded[key[2]]
         own[0], own[1] = own[0] + row["prefill_s"] + row["decode_s"], own[1] + tokens
         if wall_s is not None:
             spent = self.wall[key[2]]
@@ -49,8 +67,13 @@ class Forecast:
     def expected_tokens(self, key: Key) -> float | None:
         """The new tokens row ``key`` is expected to decode; None before any answer finished."""
         same_question = [n for (question, turn, _), n in self.lengths.items() if (question, turn) == key[:2]]
+        if same_question:
+            return sum(same_question) / len(same_question)
+        measured = self.measured.get(length_key(*key[:2]))
+        if measured is not None:
+            return min(measured, self.budget)
         same_turn = [n for (_, turn, _), n in self.lengths.items() if turn == key[1]]
-        for lengths in (same_question, same_turn, list(self.lengths.values())):
+        for lengths in (same_turn, list(self.lengths.values())):
             if lengths:
                 return sum(lengths) / len(lengths)
         return None
@@ -60,8 +83,8 @@ class Forecast:
         def pooled(spent: dict[str, list[float]]) -> tuple[float, float]:
             return sum(s for s, _ in spent.values()), sum(n for _, n in spent.values())
 
-        own = (self.wall.get(method, (0.0, 0.0)), self.measured.get(method, (0.0, 0.0)))
-        for seconds, tokens in (*own, pooled(self.wall), pooled(self.measured)):
+        own = (self.wall.get(method, (0.0, 0.0)), self.decoded.get(method, (0.0, 0.0)))
+        for seconds, tokens in (*own, pooled(self.wall), pooled(self.decoded)):
             if tokens:
                 return seconds / tokens
         return None
@@ -103,9 +126,10 @@ def minutes(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-def forecast_of(planned: Iterable[Key], budget: int, kept: Iterable[Mapping[str, Any]]) -> Forecast:
-    """A cell's forecast, with the rows a resumed run kept counted as finished."""
-    forecast = Forecast(list(planned), budget)
+def forecast_of(planned: Iterable[Key], budget: int, kept: Iterable[Mapping[str, Any]],
+                measured: Mapping[str, float] | None = None) -> Forecast:  # fmt: skip
+    """A cell's forecast, with the rows a resumed run kept counted as finished; ``measured``: ``measured_lengths``."""
+    forecast = Forecast(list(planned), budget, dict(measured or {}))
     for row in kept:
         forecast.finish(row, None)
     return forecast

@@ -17,6 +17,7 @@ import torch
 
 from mars_bench.bench.contention import ContentionMeter, machine_load
 from mars_bench.bench.records import MANIFEST_FILE
+from mars_bench.common.cpu import BF16_FLAGS, cpu_info, cpu_kind
 from mars_bench.common.paths import CONF_DIR, PACKAGE_DIR
 from mars_bench.models.placement import drafter_device, input_device, placement
 
@@ -50,27 +51,17 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 CPU flags of native bf16 matrix products
-
-
 def cpu_description() -> dict[str, Any]:
     """The CPU a run measured on: model, cores, its native-bf16 flags (``native_bf16``: any of
-    ``BF16_FLAGS``; None where /proc/cpuinfo cannot be read) and torch's threads."""
-    model, flags = None, None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and flags is None:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        model = platform.processor() or None
+    ``BF16_FLAGS``; None where /proc/cpuinfo cannot be read), its kind (``common/cpu.py``) and torch's threads."""
+    model, flags = cpu_info()
     native = {flag: None if flags is None else flag in flags for flag in BF16_FLAGS}
     return {
         "model": model,
         "cores": os.cpu_count(),
         **native,
         "native_bf16": None if flags is None else any(native.values()),
+        "kind": cpu_kind(flags),
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -79,17 +70,19 @@ def emulated_bf16_warning(dtype: str | None, device_map: str | None, cpu: dict[s
     """The warning, one line without the program's prefix, where a model would run bf16 matrix
     products the CPU emulates: ``dtype`` bfloat16, placed on the CPU (``device_map`` None or
     ``cpu``), and a CPU with none of ``BF16_FLAGS``.
-    None otherwise, and where the flags cannot be read. Such a CPU ran bf16 products about 50x
-    slower than float32 (docs/performance.md); the results stay valid, the run is only slow."""
+    None otherwise, and where the flags cannot be read. What it says was measured on an AVX2-only CPU
+    (docs/performance.md#a-cpu-without-native-bf16): a one-token forward about as fast as float32, a
+    many-token one several times slower; the results stay valid, they are that CPU's."""
     if dtype != "bfloat16" or device_map not in (None, "cpu"):
         return None
     cpu = cpu_description() if cpu is None else cpu
     if cpu.get("native_bf16") is not False:
         return None
     return (
-        f"dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of "
-        f"{', '.join(BF16_FLAGS)}): its matrix products are emulated and can be tens of times slower than "
-        "float32; model.dtype=float32 (perf: --dtype float32) runs faster"
+        f"dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of {', '.join(BF16_FLAGS)}): its bf16 "
+        "products are emulated; on such a CPU a one-token forward ran about as fast as in float32 and a many-token one "
+        "(a prompt, a long draft's verification) several times slower, so the speedups measured here are this CPU's "
+        "(docs/performance.md#a-cpu-without-native-bf16)"
     )
 
 

@@ -31,17 +31,18 @@ BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]
 
 class TokenProgress:
     """tqdm over a cell's tokens: the ``planned`` rows' keys, each row up to ``max_new_tokens``, ``kept`` rows (a
-    resumed run's) counted from the start; ``disable`` (``progress=false``) keeps it and its lines silent."""
+    resumed run's) counted from the start; ``disable`` (``progress=false``) keeps it and its lines silent;
+    ``measured``: the answer lengths measured before (``duration.measured_lengths``)."""
 
     def __init__(self, planned: list[Key], max_new_tokens: int, kept: Iterable[Mapping[str, Any]], *, desc: str,
-                 disable: bool):  # fmt: skip
+                 disable: bool, measured: Mapping[str, float] | None = None):  # fmt: skip
         from tqdm import tqdm
 
         kept = list(kept)
         self.max_new_tokens, self.disable = max_new_tokens, disable
         self.totals: dict[str, DecodeTally] = {}  # method -> its finished rows
         self.in_flight = 0  # tokens shown so far of the row being decoded
-        self.forecast = forecast_of(planned, max_new_tokens, kept)
+        self.forecast = forecast_of(planned, max_new_tokens, kept, measured)
         self.started = self.last = time.monotonic()  # the cell's start; the last finished row (or begin)
         self.questions_done = self.forecast.questions_done()
         self.predicted: float | None = None  # the cell's whole seconds, as predicted once its first questions were done

@@ -209,12 +209,15 @@ def remove_if_unused(folder: Path, hydra_files: set[str]) -> None:
 
 
 def register_resolvers() -> None:
-    """Register the resolvers conf/config.yaml calls: ``${run_folder:...}`` (``hydra.run.dir``) and
-    ``${verifier_label:}`` (``hydra.sweep.subdir``)."""
+    """Register the resolvers the configs call: ``${run_folder:...}`` (``hydra.run.dir``), ``${verifier_label:}``
+    (``hydra.sweep.subdir``) and ``${placement_kind:DEVICE_MAP}`` (a drafter tuning's ``tuned_for``)."""
     from mars_bench.bench.folder_names import register_folder_names
+    from mars_bench.common.cpu import placement_kind
 
     if not OmegaConf.has_resolver("run_folder"):
         OmegaConf.register_new_resolver("run_folder", run_folder)
+    if not OmegaConf.has_resolver("placement_kind"):
+        OmegaConf.register_new_resolver("placement_kind", placement_kind)
     register_folder_names()
 
 

@@ -201,6 +201,19 @@ def check_override_values(argv: list[str]) -> None:
                     raise ValueError(f"{override.key_or_group}={shown} is invalid: allowed is {allowed_values(hint)}") from None
 
 
+def check_tuning_row(argv: list[str]) -> None:
+    """Refuse a typed ``tuned_for=KIND`` that names no CPU kind a tuning's table has a row for, in one line (the
+    table's interpolation would otherwise fail inside Hydra's composition)."""
+    from mars_bench.common.cpu import CPU_KINDS, OTHER_KIND
+
+    kinds = (*CPU_KINDS, OTHER_KIND)
+    for override in parsed_overrides(argv):
+        if override.key_or_group == "tuned_for":
+            for value in override_values(override):
+                if value not in kinds:
+                    raise ValueError(f"tuned_for={value} is invalid: allowed is one of {', '.join(kinds)}")
+
+
 def check_slurm_sweep(overrides: list[str]) -> None:
     """Refuse, in one line, a sweep over ``model`` or ``model.resources.*`` under ``hydra/launcher=slurm``:
     Hydra sizes every job of a sweep from one composition, so each target would get the first one's

@@ -12,7 +12,12 @@ def tuning_words(cfg: Any) -> str:
     """What the run's drafter tuning did: ``tuning=cpu (conf/drafter_tuning/<file>.yaml)``, or that none applied
     and why."""
     if cfg.get("tuned"):
-        return f"tuning={cfg.tuning} (conf/drafter_tuning/{cfg.tuned}.yaml)"
+        kind = cfg.get("tuned_for")
+        if kind is None or kind not in (cfg.get("cpu_tuning") or {}):
+            return f"tuning={cfg.tuning} (conf/drafter_tuning/{cfg.tuned}.yaml)"
+        row = cfg.cpu_tuning[kind]
+        return (f"tuning={cfg.tuning} for CPU kind {kind} (conf/drafter_tuning/{cfg.tuned}.yaml: dtype={row.dtype}, "
+                f"weights={row.weights})")  # fmt: skip
     if cfg.tuning == "none":
         return "tuning=none (the drafter's own defaults)"
     if not own_engine(cfg.backend):
@@ -29,5 +34,5 @@ def run_line(cfg: Any, spec: MethodSpec | None) -> str:
     if spec is not None:
         drafter = f"{drafter}(length={spec.length.length},{spec.drafter_setting})"
         verifier = spec.verifier_label
-    return (f"mars_bench: model={cfg.model.name} drafter={drafter} verifier={verifier} task={cfg.task.name} "
-            f"temperature={cfg.temperature:g} batch_size={cfg.batch_size}; {tuning_words(cfg)}")  # fmt: skip
+    return (f"mars_bench: model={cfg.model.name} dtype={cfg.model.dtype} drafter={drafter} verifier={verifier} "
+            f"task={cfg.task.name} temperature={cfg.temperature:g} batch_size={cfg.batch_size}; {tuning_words(cfg)}")  # fmt: skip

@@ -105,6 +105,16 @@ class TaskConfig:
 
 
 @dataclass
+class CpuKindTuning:
+    """One row of a drafter tuning's table per CPU kind (``cpu_tuning``; the kinds: ``common/cpu.py``): the
+    precision and draft-weight format that ran the pair fastest on that kind, and the runs that chose them."""
+
+    dtype: str = "bfloat16"  # model.dtype
+    weights: str | None = None  # drafter.weights (null: as loaded)
+    measured: str = ""  # the runs that chose this row, or that none did
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     # Typed by the keys every plugin takes: the chosen plugin's schema (conf/<group>/<name>.yaml) brings its own.
@@ -123,6 +133,10 @@ class RunConfig:
     # conf/drafter_tuning/<model>_<drafter>_cpu.yaml has them, on any machine; none drafts with the drafter's defaults.
     tuning: str = "none"
     tuned: str | None = None  # the drafter tuning file that set this run's drafter settings (null: none did)
+    # A tuning file's rows per CPU kind, and the row this run took: its CPU's kind on the CPU, `other` elsewhere
+    # (typed, another row: tuned_for=avx2 runs the AVX2-only row's settings here).
+    cpu_tuning: dict[str, CpuKindTuning] = field(default_factory=dict)
+    tuned_for: str | None = None
     warmup: int = 1  # warm-up decodes per method before timing (on a short prompt)
     threads: int | None = None  # torch CPU threads; null = all cores
     data_dir: str | None = None  # null: $MARS_BENCH_DATA, else ../shared/data beside the repository

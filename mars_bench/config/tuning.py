@@ -37,8 +37,10 @@ def take_back_tuning(cfg: Any) -> None:
     if tuning is None:
         return
     typed, loaded = typed_drafter_keys(cfg), drafter_as_loaded(cfg, cfg.drafter.name)
-    for key, value in (OmegaConf.load(tuning).get("drafter") or {}).items():
-        if key not in typed and key in loaded and cfg.drafter[key] == value:
+    drafter_keys = OmegaConf.to_container(OmegaConf.load(tuning), resolve=False).get("drafter") or {}
+    written = OmegaConf.to_container(cfg.drafter, resolve=False)
+    for key, value in drafter_keys.items():  # each as written, unresolved: a row of the file's table is an interpolation
+        if key not in typed and key in loaded and written.get(key) == value:
             cfg.drafter[key] = loaded[key]
     cfg.tuned = None
 
