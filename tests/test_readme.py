@@ -503,8 +503,8 @@ def test_the_lm_eval_example_from_a_bare_clone(monkeypatch, capsys):
 
 # A budget of 3 new tokens and drafts of 1 (the forward costs time the target at widths 1 to gamma + 1) keep every
 # method, comparison and report section, and greedy decodes that match generate's past the prefill's token.
-# The suite's dtype is bf16; on a CPU that emulates bf16 the journey passes --dtype float32, as the suite's own
-# warning there advises (docs/performance.md: bf16 prefills about 6x slower there), with the same checks.
+# The suite's dtype is bf16; on a CPU that emulates bf16 the journey passes --dtype float32, since its tiny decodes are
+# mostly prefills (docs/performance.md: bf16 prefills about 6x slower there), with the same checks.
 PERF_DTYPE = "float32" if cpu_description()["native_bf16"] is False else "bfloat16"
 PERF_SMALL = ["--model", "smollm2-135m", "--draft-model", SMOLLM, "--num-prompts", "2", "--max-new-tokens", "3",
               "--gamma", "1", "--data-dir", str(SHARED_DATA), "--dtype", PERF_DTYPE]  # fmt: skip

@@ -51,13 +51,13 @@ class TokenProgress:
         for row in kept:
             tokens = self.take(row)
             total, done = total - (max_new_tokens - tokens), done + tokens
-        expected = self.forecast.tokens_left()
-        total = total if expected is None else done + round(expected)
+        budget, expected = total - done, self.forecast.tokens_left()
         # initial: the kept tokens, which tqdm leaves out of this session's rate
-        self.bar = tqdm(total=total, initial=done, unit="tok", desc=desc, disable=disable, dynamic_ncols=True,
-                        bar_format=BAR_FORMAT)  # fmt: skip
-        if total - done > LONG_CELL_TOKENS:
-            self.say(f"up to {total - done} new tokens to decode; the bar gives the time left once the first answer "
+        self.bar = tqdm(total=total if expected is None else done + round(expected), initial=done, unit="tok", desc=desc,
+                        disable=disable, dynamic_ncols=True, bar_format=BAR_FORMAT)  # fmt: skip
+        if budget > LONG_CELL_TOKENS:
+            about = "" if expected is None else f", about {round(expected)} expected"
+            self.say(f"up to {budget} new tokens to decode{about}; the bar gives the time left once the first answer "
                      f"is in (a 1-minute look: {SHORT_LOOK})")  # fmt: skip
         self.show()
 
