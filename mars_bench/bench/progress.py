@@ -2,13 +2,13 @@
 
 It moves while a row (one turn of one method) is decoded, after every verification step, by the
 engine's ``on_tokens`` call, whose time is left out of the method's; as the row ends it settles on the
-row's new tokens. Its total is every planned row's ``max_new_tokens``, lowered as a row ends short of it
-(a stop token, a failure), so that it reaches exactly the tokens generated. The postfix gives, over the
-rows finished so far, each method's throughput and the speculative method's tau, pooled as the summary
-pools them (``bench/summary.py``), and the time left as ``bench/duration.py`` predicts it from the finished
-answers' lengths and speeds (tqdm's own estimate, from the token budget, is not shown). Once the first answer
-is in, the total is the tokens the cell is expected to decode. The first two questions done, one line says
-what the whole cell is expected to take; at the end, one line sets that beside what it took.
+row's new tokens. Its total is the tokens the cell is expected to decode (``bench/duration.py``: the answer
+lengths measured before, then the finished answers'), or, where none is known yet, every planned row's
+``max_new_tokens`` lowered as a row ends short of it; at the end it is exactly the tokens generated. The
+postfix gives, over the rows finished so far, each method's throughput and the speculative method's tau,
+pooled as the summary pools them (``bench/summary.py``), and the time left as ``bench/duration.py`` predicts
+it (tqdm's own estimate, from the rate of the tokens so far, is not shown). The first two questions done, one
+line says what the whole cell is expected to take; at the end, one line sets that beside what it took.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class TokenProgress:
             self.bar.update(ahead)
 
     def add(self, row: Mapping[str, Any]) -> None:
-        """A row just finished: the bar stands at its tokens, and its total drops by the budget it left unused."""
+        """A row just finished: the bar stands at its tokens, and its total is what the rows to come are expected to add."""
         tokens, now = self.take(row), time.monotonic()
         self.forecast.finish(row, now - self.last)
         self.last = now
@@ -107,7 +107,7 @@ class TokenProgress:
             elapsed, left = now - self.started, self.left
             self.predicted = elapsed + left
             self.say(f"the first {questions_done} of {questions} prompts took {minutes(elapsed)}; about {minutes(left)} "
-                     f"left, {minutes(self.predicted)} in all (from their answers' lengths and speeds)")  # fmt: skip
+                     f"left, {minutes(self.predicted)} in all (from the answer lengths and these prompts' speeds)")  # fmt: skip
         self.questions_done = questions_done
 
     def show(self, *, final: bool = False) -> None:
