@@ -94,7 +94,7 @@ def test_the_default_runs_at_batch_size_4_as_typed_with_its_tuning(tmp_path, tin
     result = python_m("mars_bench", "batch_size=4", *SMALL_DEFAULT, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("drafter=model(length=confidence,gamma=20,draft_vocab=32768,context_vocab=True,weights=int4,guesses=3) "
-            "verifier=mars") in result.stdout and "batch_size=4; tuning=cpu (conf/drafter_tuning/" in result.stdout
+            "verifier=mars") in result.stdout and "batch_size=4; tuning=cpu for CPU kind " in result.stdout
     (records,) = (tmp_path / "runs").rglob("records.jsonl")
     rows = list(read_rows(records))
     assert len(rows) == 4 * 2 and all(row["status"] == "ok" and row["batch_size"] == 4 for row in rows)

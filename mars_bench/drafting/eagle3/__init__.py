@@ -2,9 +2,22 @@
 with it. ``head``: the head's layers; ``checkpoint``: the key-to-shape table, its checks and
 loading; ``drafter``: the drafter. What the published heads are, with sources: docs/eagle3.md."""
 
-from mars_bench.drafting.eagle3.checkpoint import eagle3_head_from_state, head_shapes, load_eagle3_head, random_head_state
+from importlib import import_module
+from typing import Any
+
 from mars_bench.drafting.eagle3.drafter import Eagle3Drafter, Eagle3Settings
-from mars_bench.drafting.eagle3.head import Eagle3Head, eagle3_hidden_layers
+
+# Imported when first asked for: the head's layers are transformers' Llama modules, whose import (about 3 s of
+# the app's start on the 2-core CPU) only a run that drafts with EAGLE-3 needs.
+_LAZY = {"eagle3_head_from_state": "checkpoint", "head_shapes": "checkpoint", "load_eagle3_head": "checkpoint",
+         "random_head_state": "checkpoint", "Eagle3Head": "head", "eagle3_hidden_layers": "head"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"mars_bench.drafting.eagle3.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Eagle3Drafter",

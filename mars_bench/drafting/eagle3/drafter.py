@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mars_bench.drafting.base import Draft, Drafter, DrafterContext, register_drafter
-from mars_bench.drafting.eagle3.checkpoint import load_eagle3_head, target_sizes
-from mars_bench.drafting.eagle3.head import Eagle3Head, eagle3_hidden_layers
 from mars_bench.drafting.tree import Frontiers, TreeSettings, expand_trees, step_shapes
 from mars_bench.models.kvcache import block_layout, padded_rows
 from mars_bench.models.placement import input_device
 from mars_bench.verification.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from mars_bench.drafting.eagle3.head import Eagle3Head
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Eagle3Drafter(Drafter):
     name = "eagle3"
 
     def __init__(self, target: Any, head: Eagle3Head, settings: Eagle3Settings | None = None, head_name: str | None = None):
+        from mars_bench.drafting.eagle3.checkpoint import target_sizes
+        from mars_bench.drafting.eagle3.head import eagle3_hidden_layers
+
         settings = settings or Eagle3Settings()
         if settings.top_k > head.draft_vocab_size:
             raise ValueError(
@@ -176,6 +180,9 @@ class Eagle3Drafter(Drafter):
 @register_drafter("eagle3", settings=Eagle3Settings, tree=True)
 def eagle3_drafter(settings: Eagle3Settings, context: DrafterContext) -> Eagle3Drafter:
     """context.head: a folder or Hub id of a published EAGLE-3 head, or an ``Eagle3Head``."""
+    from mars_bench.drafting.eagle3.checkpoint import load_eagle3_head
+    from mars_bench.drafting.eagle3.head import Eagle3Head
+
     head = context.head
     if head is None:
         raise ValueError(
