@@ -56,6 +56,25 @@ def test_a_key_typed_beside_the_tuning_stays_and_the_batching_recipe_checks_unde
     assert (cfg.drafter.gamma, cfg.drafter.length, cfg.drafter.weights, cfg.drafter.guesses) == (7, "fixed", None, 0)
 
 
+def test_the_precision_a_tuning_table_set_goes_back_to_the_model_options_under_vllm_unless_typed(tmp_path):
+    from mars_bench.config.tuning import take_back_tuning
+
+    tuning = tmp_path / "drafter_tuning" / "smollm2-135m_model_cpu.yaml"
+    tuning.parent.mkdir()
+    tuning.write_text("# @package _global_\ntuned: smollm2-135m_model_cpu\ntuned_for: avx2\n"
+                      "cpu_tuning:\n  avx2: {dtype: float32, weights: int8, measured: a}\n"
+                      "model:\n  dtype: ${cpu_tuning.${tuned_for}.dtype}\n"
+                      "drafter:\n  weights: ${cpu_tuning.${tuned_for}.weights}\n")  # fmt: skip
+    planted = ["model=smollm2-135m", "drafter=model", f"hydra.searchpath=[file://{tmp_path}]"]
+    assert (typed(*planted).model.dtype, typed(*planted).drafter.weights) == ("float32", "int8")  # this engine: the row
+    under_vllm = typed(*planted, "backend=vllm")
+    take_back_tuning(under_vllm)
+    assert (under_vllm.model.dtype, under_vllm.drafter.weights, under_vllm.tuned) == ("bfloat16", None, None)
+    kept = typed(*planted, "backend=vllm", "model.dtype=float32")
+    take_back_tuning(kept)
+    assert kept.model.dtype == "float32"  # typed: it stays
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

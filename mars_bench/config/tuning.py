@@ -26,22 +26,26 @@ def own_engine(backend: str) -> bool:
 
 def take_back_tuning(cfg: Any) -> None:
     """Under a backend that is not this package's engine, put back, in place, the drafter keys the run's drafter
-    tuning (``tuned``) set, and set ``tuned`` to null: a tuning is measured in this package's engine, as a whole
-    (``gamma=20`` is the cap of confidence-stopped drafts, not a fixed length), and another engine runs other
-    drafts. A key the command line typed stays, for the backend's check to take or refuse; so does one a later
-    config (an experiment) set to another value. A tuning file found neither in conf/ nor on the run's search
-    path stays applied, its keys judged as typed."""
+    tuning (``tuned``) set, and the precision its table per CPU kind set, and set ``tuned`` to null: a tuning is
+    measured in this package's engine, as a whole (``gamma=20`` is the cap of confidence-stopped drafts, not a fixed
+    length), and another engine runs other drafts. A key the command line typed stays, for the backend's check to
+    take or refuse; so does one a later config (an experiment) set to another value. A tuning file found neither in
+    conf/ nor on the run's search path stays applied, its keys judged as typed."""
     if not cfg.get("tuned") or own_engine(cfg.backend):
         return
     tuning = option_file(cfg, "drafter_tuning", cfg.tuned)
     if tuning is None:
         return
     typed, loaded = typed_drafter_keys(cfg), drafter_as_loaded(cfg, cfg.drafter.name)
-    drafter_keys = OmegaConf.to_container(OmegaConf.load(tuning), resolve=False).get("drafter") or {}
+    content = OmegaConf.to_container(OmegaConf.load(tuning), resolve=False)  # as written: a table's rows are interpolations
     written = OmegaConf.to_container(cfg.drafter, resolve=False)
-    for key, value in drafter_keys.items():  # each as written, unresolved: a row of the file's table is an interpolation
+    for key, value in (content.get("drafter") or {}).items():
         if key not in typed and key in loaded and written.get(key) == value:
             cfg.drafter[key] = loaded[key]
+    dtype = (content.get("model") or {}).get("dtype")  # a table's precision: the model option's own, likewise
+    set_by_table = dtype is not None and OmegaConf.to_container(cfg.model, resolve=False)["dtype"] == dtype
+    if set_by_table and "dtype" not in typed_keys(cfg, "model"):
+        cfg.model.dtype = model_dtype_as_loaded(cfg)
     cfg.tuned = None
 
 
@@ -57,10 +61,24 @@ def hydra_settings(cfg: Any) -> Any:
 
 def typed_drafter_keys(cfg: Any) -> set[str]:
     """The drafter keys the command line set (``drafter.KEY=...``); none known outside a Hydra run."""
+    return typed_keys(cfg, "drafter")
+
+
+def typed_keys(cfg: Any, group: str) -> set[str]:
+    """The keys of ``group`` the command line set (``GROUP.KEY=...``); none known outside a Hydra run."""
     from mars_bench.bench.folder_names import overridden_keys
 
     settings = hydra_settings(cfg)
-    return overridden_keys([str(item) for item in settings.overrides.task] if settings is not None else [], "drafter")
+    return overridden_keys([str(item) for item in settings.overrides.task] if settings is not None else [], group)
+
+
+def model_dtype_as_loaded(cfg: Any) -> str:
+    """The dtype the run's model option (``conf/model/<model.name>.yaml``) sets, else the schema's default."""
+    from mars_bench.config.schema import ModelConfig
+
+    option = option_file(cfg, "model", cfg.model.name)
+    dtype = OmegaConf.load(option).get("dtype") if option is not None else None
+    return str(dtype) if dtype is not None else ModelConfig().dtype
 
 
 def option_file(cfg: Any, group: str, option: str) -> Path | None:
