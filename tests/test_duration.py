@@ -59,6 +59,7 @@ def test_durations_read_as_a_person_reads_them():
 def test_the_bar_states_the_whole_duration_after_two_prompts_and_sets_it_beside_what_it_took(monkeypatch, capsys):
     clock = [1000.0]
     monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(TokenProgress, "pointed", False)  # as in a new process
     with TokenProgress(PLANNED, 512, [], desc="cell", disable=False) as bar:
         clock[0] += 20  # a warm-up, which no row's speed counts
         bar.begin()
@@ -71,6 +72,9 @@ def test_the_bar_states_the_whole_duration_after_two_prompts_and_sets_it_beside_
     # after a and b: 20 s warm-up + 2 * (100 + 20) s, and c and d expected to take as long
     assert "mars_bench: the first 2 of 4 prompts took 4 min 20 s; about 4 min 0 s left, 8 min 20 s in all" in err
     assert "mars_bench: the cell took 8 min 20 s; predicted 8 min 20 s after its first 2 prompts (+0%)" in err
+    with TokenProgress(PLANNED, 512, [], desc="the next cell", disable=False):
+        pass
+    assert SHORT_LOOK not in capsys.readouterr().err  # named once a process, not once a sweep's cell
 
 
 def test_a_quiet_bar_prints_no_line(monkeypatch, capsys):

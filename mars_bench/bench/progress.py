@@ -34,6 +34,8 @@ class TokenProgress:
     resumed run's) counted from the start; ``disable`` (``progress=false``) keeps it and its lines silent;
     ``measured``: the answer lengths measured before (``duration.measured_lengths``)."""
 
+    pointed = False  # the short look was named: once a process (a sweep's cells run in one)
+
     def __init__(self, planned: list[Key], max_new_tokens: int, kept: Iterable[Mapping[str, Any]], *, desc: str,
                  disable: bool, measured: Mapping[str, float] | None = None):  # fmt: skip
         from tqdm import tqdm
@@ -57,8 +59,10 @@ class TokenProgress:
                         disable=disable, dynamic_ncols=True, bar_format=BAR_FORMAT)  # fmt: skip
         if budget > LONG_CELL_TOKENS:
             about = "" if expected is None else f", about {round(expected)} expected"
+            look = "" if TokenProgress.pointed else f" (a 1-minute look: {SHORT_LOOK})"
+            TokenProgress.pointed = TokenProgress.pointed or not disable
             self.say(f"up to {budget} new tokens to decode{about}; the bar gives the time left once the first answer "
-                     f"is in (a 1-minute look: {SHORT_LOOK})")  # fmt: skip
+                     f"is in{look}")  # fmt: skip
         self.show()
 
     def say(self, line: str) -> None:
