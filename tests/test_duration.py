@@ -43,12 +43,28 @@ def test_a_row_is_expected_as_long_as_its_question_s_other_answer_else_the_mean_
 
 def test_a_failed_row_is_done_but_no_length_and_a_method_without_rows_takes_the_pooled_speed():
     forecast = forecast_of(PLANNED, 512, [row("a", "baseline", 600, seconds=60.0)])  # a kept row: its own seconds
-    assert forecast.lengths[("a", 1, "baseline")] == 512  # capped at the budget
+    assert forecast.expected_tokens(("a", 1, "mars")) == 512  # its question's answer, capped at the budget
     assert forecast.seconds_per_token("baseline") == pytest.approx(60 / 512)
     assert forecast.seconds_per_token("mars") == pytest.approx(60 / 512)  # nothing else measured yet
     forecast.finish(row("a", "mars", 0, status="failed"), wall_s=3.0)
-    assert ("a", 1, "mars") not in forecast.lengths and ("a", 1, "mars") not in forecast.coming()
+    assert ("a", 1, "mars") not in forecast.coming() and forecast.answers.count == 1  # done, with no length
     assert forecast.seconds_per_token("mars") == pytest.approx(60 / 512)  # the failure's seconds count for nothing
+
+
+def test_a_failed_turn_ends_its_question_for_that_method_only():
+    planned = [(question, turn, method) for question in ("a", "b") for turn in (1, 2) for method in ("baseline", "mars")]
+    forecast = Forecast(planned, budget=64)
+    forecast.finish(row("a", "mars", 0, status="failed"), wall_s=1.0)
+    assert ("a", 2, "mars") not in forecast.coming() and ("a", 2, "baseline") in forecast.coming()
+
+
+def test_a_whole_tasks_cell_reads_the_measured_lengths_where_it_has_them_and_the_means_elsewhere():
+    planned = [(str(question), 1, method) for question in range(1500) for method in ("baseline", "mars")]
+    forecast = Forecast(planned, budget=512, measured={f"{q}:1": 100.0 for q in range(0, 1500, 2)})
+    for question in range(50):
+        forecast.finish(row(str(question), "baseline", 200), wall_s=20.0)
+    # q0-49's other answers: 200 (their own question's); q50-1499: 100 where measured (the even ones), else 200
+    assert forecast.seconds_left() == pytest.approx((50 * 200 + 1450 * 100 + 1450 * 200) * 0.1)
 
 
 def test_durations_read_as_a_person_reads_them():
@@ -70,11 +86,24 @@ def test_the_bar_states_the_whole_duration_after_two_prompts_and_sets_it_beside_
     err = capsys.readouterr().err
     assert f"a 1-minute look: {SHORT_LOOK}" in err  # 8 rows of up to 512 tokens
     # after a and b: 20 s warm-up + 2 * (100 + 20) s, and c and d expected to take as long
-    assert "mars_bench: the first 2 of 4 prompts took 4 min 20 s; about 4 min 0 s left, 8 min 20 s in all" in err
-    assert "mars_bench: the cell took 8 min 20 s; predicted 8 min 20 s after its first 2 prompts (+0%)" in err
+    assert "mars_bench: 2 of 4 prompts done, 4 min 20 s into this run; about 4 min 0 s left, 8 min 20 s in all" in err
+    assert "mars_bench: the cell took 8 min 20 s in this run; predicted 8 min 20 s once 2 prompts were done (+0%)" in err
     with TokenProgress(PLANNED, 512, [], desc="the next cell", disable=False):
         pass
     assert SHORT_LOOK not in capsys.readouterr().err  # named once a process, not once a sweep's cell
+
+
+def test_a_batch_shares_its_wall_time_between_its_rows_by_their_tokens(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    with TokenProgress(PLANNED, 512, [], desc="cell", disable=True) as bar:
+        bar.begin()
+        clock[0] += 30.0  # a batch of 2 rows of the baseline, then of the method, each decoded together
+        bar.add_batch([row("a", "baseline", 100), row("b", "baseline", 200)])
+        clock[0] += 6.0
+        bar.add_batch([row("a", "mars", 100), row("b", "mars", 200)])
+        assert bar.forecast.seconds_per_token("baseline") == pytest.approx(30 / 300)
+        assert bar.forecast.seconds_per_token("mars") == pytest.approx(6 / 300)
 
 
 def test_a_quiet_bar_prints_no_line(monkeypatch, capsys):

@@ -213,9 +213,10 @@ def test_ctrl_c_then_the_same_command_resumes_and_rows_match_an_uninterrupted_ru
     # folder of its own; with progress=true (which does not change the configuration) the bar counts tokens,
     # moving while a row is decoded, not once per row.
     shown: list[tuple[str, int]] = []  # (what happened, the bar's count then)
-    tick, add = TokenProgress.tick, TokenProgress.add
+    tick, add_batch = TokenProgress.tick, TokenProgress.add_batch
     monkeypatch.setattr(TokenProgress, "tick", lambda self, n: (tick(self, n), shown.append(("tick", self.bar.n))))
-    monkeypatch.setattr(TokenProgress, "add", lambda self, row: (add(self, row), shown.append(("row", self.bar.n))))
+    monkeypatch.setattr(TokenProgress, "add_batch",
+                        lambda self, rows: (add_batch(self, rows), shown.append(("row", self.bar.n))))  # a row a batch at B = 1
     again = app(*RUN, "progress=true", cwd=clone)
     assert again.returncode == 0, again.stderr
     folders = run_folders(clone)

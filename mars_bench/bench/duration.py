@@ -39,54 +39,79 @@ def measured_lengths(model: str, task: str, path: Path = MEASURED_LENGTHS) -> di
 
 
 @dataclass
+class Tally:
+    """Seconds spent on tokens: a rate's running sums."""
+
+    seconds: float = 0.0
+    tokens: float = 0.0
+
+    def add(self, seconds: float, tokens: float) -> None:
+        self.seconds, self.tokens = self.seconds + seconds, self.tokens + tokens
+
+
+@dataclass
+class Mean:
+    """A running mean."""
+
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, value: float) -> None:
+        self.total, self.count = self.total + value, self.count + 1
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+
+@dataclass
 class Forecast:
-    """The finished rows of a cell whose ``planned`` rows decode up to ``budget`` new tokens each."""
+    """The finished rows of a cell whose ``planned`` rows decode up to ``budget`` new tokens each. Every lookup is
+    a running sum, so that a cell of thousands of rows (a whole task) is forecast in time linear in its rows."""
 
     planned: list[Key]
     budget: int
     measured: dict[str, float] = field(default_factory=dict)  # measured_lengths' means, by length_key
-    lengths: dict[Key, int] = field(default_factory=dict)  # a finished answer's new tokens (capped at the budget)
-    done: set[Key] = field(default_factory=set)  # every finished row, a failed one too
-    wall: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # method -> [s, tokens]
-    decoded: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # rows' own seconds
+    done: set[Key] = field(default_factory=set)  # every finished row (a failed one too), and the turns it ended
+    by_question: dict[tuple[str, int], Mean] = field(default_factory=lambda: defaultdict(Mean))  # its answers' tokens
+    by_turn: dict[int, Mean] = field(default_factory=lambda: defaultdict(Mean))  # the answers' tokens, per turn
+    answers: Mean = field(default_factory=Mean)  # every finished answer's tokens
+    wall: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))  # method -> wall seconds, tokens
+    decoded: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))  # method -> its rows' own seconds
 
     def finish(self, row: Mapping[str, Any], wall_s: float | None) -> None:
-        """A finished row; ``wall_s``: the wall seconds since the row before it finished (None for a kept row)."""
+        """A finished row; ``wall_s``: the wall seconds it took since the rows before it finished (None for a kept
+        row). A failed turn ends its question for that method: the later turns are not coming."""
         key = row_key(row)
         self.done.add(key)
         if row["status"] != "ok":
+            self.done.update(k for k in self.planned if k[0] == key[0] and k[2] == key[2] and k[1] > key[1])
             return
         tokens = min(int(row["new_tokens"]), self.budget)
-        self.lengths[key] = tokens
-        own = self.decoded[key[2]]
-        own[0], own[1] = own[0] + row["prefill_s"] + row["decode_s"], own[1] + tokens
+        for mean in (self.by_question[key[:2]], self.by_turn[key[1]], self.answers):
+            mean.add(tokens)
+        self.decoded[key[2]].add(row["prefill_s"] + row["decode_s"], tokens)
         if wall_s is not None:
-            spent = self.wall[key[2]]
-            spent[0], spent[1] = spent[0] + wall_s, spent[1] + tokens
+            self.wall[key[2]].add(wall_s, tokens)
 
     def expected_tokens(self, key: Key) -> float | None:
         """The new tokens row ``key`` is expected to decode; None before any answer finished."""
-        same_question = [n for (question, turn, _), n in self.lengths.items() if (question, turn) == key[:2]]
-        if same_question:
-            return sum(same_question) / len(same_question)
+        same_question = self.by_question.get(key[:2], Mean()).value
+        if same_question is not None:
+            return same_question
         measured = self.measured.get(length_key(*key[:2]))
         if measured is not None:
             return min(measured, self.budget)
-        same_turn = [n for (_, turn, _), n in self.lengths.items() if turn == key[1]]
-        for lengths in (same_turn, list(self.lengths.values())):
-            if lengths:
-                return sum(lengths) / len(lengths)
-        return None
+        same_turn = self.by_turn.get(key[1], Mean()).value
+        return same_turn if same_turn is not None else self.answers.value
 
     def seconds_per_token(self, method: str) -> float | None:
         """The wall seconds a token of ``method`` is expected to take; None before any answer finished."""
-        def pooled(spent: dict[str, list[float]]) -> tuple[float, float]:
-            return sum(s for s, _ in spent.values()), sum(n for _, n in spent.values())
-
-        own = (self.wall.get(method, (0.0, 0.0)), self.decoded.get(method, (0.0, 0.0)))
-        for seconds, tokens in (*own, pooled(self.wall), pooled(self.decoded)):
-            if tokens:
-                return seconds / tokens
+        pooled = [Tally(sum(t.seconds for t in spent.values()), sum(t.tokens for t in spent.values()))
+                  for spent in (self.wall, self.decoded)]  # fmt: skip
+        for tally in (self.wall.get(method), self.decoded.get(method), *pooled):
+            if tally is not None and tally.tokens:
+                return tally.seconds / tally.tokens
         return None
 
     def coming(self) -> list[Key]:
@@ -100,9 +125,10 @@ class Forecast:
 
     def seconds_left(self) -> float | None:
         """The wall seconds the rows still to come are expected to take, from the last finished row on."""
+        rates = {method: self.seconds_per_token(method) for method in {key[2] for key in self.planned}}
         total = 0.0
         for key in self.coming():
-            tokens, rate = self.expected_tokens(key), self.seconds_per_token(key[2])
+            tokens, rate = self.expected_tokens(key), rates[key[2]]
             if tokens is None or rate is None:
                 return None
             total += tokens * rate

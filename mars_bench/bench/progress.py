@@ -94,13 +94,21 @@ class TokenProgress:
             self.bar.update(ahead)
 
     def add(self, row: Mapping[str, Any]) -> None:
-        """A row just finished: the bar stands at its tokens, and its total is what the rows to come are expected to add."""
-        tokens, now = self.take(row), time.monotonic()
-        self.forecast.finish(row, now - self.last)
-        self.last = now
-        self.bar.total -= self.max_new_tokens - tokens
-        self.bar.update(tokens - self.in_flight)  # back, for a failed row, by what it had shown
-        self.in_flight = 0
+        """A row just finished (a batch of one)."""
+        self.add_batch([row])
+
+    def add_batch(self, rows: list[Mapping[str, Any]]) -> None:
+        """The rows of a batch just finished together: the bar stands at their tokens, their wall time is shared
+        between them by their tokens, and the total is what the rows to come are expected to add."""
+        now = time.monotonic()
+        wall, self.last = now - self.last, now
+        counted = sum(min(row["new_tokens"], self.max_new_tokens) for row in rows if row["status"] == "ok")
+        for row in rows:
+            tokens = self.take(row)
+            self.forecast.finish(row, wall * tokens / counted if counted else 0.0)
+            self.bar.total -= self.max_new_tokens - tokens
+            self.bar.update(tokens - self.in_flight)  # back, for a failed row, by what it had shown
+            self.in_flight = 0
         expected = self.forecast.tokens_left()
         if expected is not None:
             self.bar.total = max(self.bar.n, self.bar.n + round(expected))
@@ -110,8 +118,9 @@ class TokenProgress:
         if self.questions_done < FIRST_QUESTIONS <= questions_done < questions and self.left is not None:
             elapsed, left = now - self.started, self.left
             self.predicted = elapsed + left
-            self.say(f"the first {questions_done} of {questions} prompts took {minutes(elapsed)}; about {minutes(left)} "
-                     f"left, {minutes(self.predicted)} in all (from the answer lengths and these prompts' speeds)")  # fmt: skip
+            self.say(f"{questions_done} of {questions} prompts done, {minutes(elapsed)} into this run; about "
+                     f"{minutes(left)} left, {minutes(self.predicted)} in all (from the answer lengths and the speeds "
+                     "so far)")  # fmt: skip
         self.questions_done = questions_done
 
     def show(self, *, final: bool = False) -> None:
@@ -132,8 +141,8 @@ class TokenProgress:
         self.bar.close()
         if self.predicted is not None and not self.forecast.coming():
             took = time.monotonic() - self.started
-            self.say(f"the cell took {minutes(took)}; predicted {minutes(self.predicted)} after its first "
-                     f"{FIRST_QUESTIONS} prompts ({error_pct(self.predicted, took):+.0f}%)")
+            self.say(f"the cell took {minutes(took)} in this run; predicted {minutes(self.predicted)} once "
+                     f"{FIRST_QUESTIONS} prompts were done ({error_pct(self.predicted, took):+.0f}%)")  # fmt: skip
 
     def __enter__(self) -> TokenProgress:
         return self

@@ -36,7 +36,9 @@ from mars_bench.common.files import atomic_replace
 
 CONFIG_FILE = "config.yaml"  # the cell's resolved config, written as it starts: a folder's configuration
 CELL_CLAIM = "cell.claim"  # one process writes a cell's folder at a time (bench/claims.py)
-COSMETIC = ("progress",)  # config keys that change neither the rows nor how they are measured
+# config keys that change neither the rows nor how they are measured: a tuning's table holds other kinds' rows and
+# prose; the row a run takes is in its model.dtype and drafter keys
+COSMETIC = ("progress", "cpu_tuning")
 INTERRUPTED_EXIT = 130  # the shell's status for a process ended by SIGINT (128 + 2)
 LAST_ROW_BYTES = 65536  # a whole-cell failure row is far shorter (its error is cut to 2000 characters)
 
@@ -209,15 +211,12 @@ def remove_if_unused(folder: Path, hydra_files: set[str]) -> None:
 
 
 def register_resolvers() -> None:
-    """Register the resolvers the configs call: ``${run_folder:...}`` (``hydra.run.dir``), ``${verifier_label:}``
-    (``hydra.sweep.subdir``) and ``${placement_kind:DEVICE_MAP}`` (a drafter tuning's ``tuned_for``)."""
+    """Register the resolvers conf/config.yaml calls: ``${run_folder:...}`` (``hydra.run.dir``) and
+    ``${verifier_label:}`` (``hydra.sweep.subdir``)."""
     from mars_bench.bench.folder_names import register_folder_names
-    from mars_bench.common.cpu import placement_kind
 
     if not OmegaConf.has_resolver("run_folder"):
         OmegaConf.register_new_resolver("run_folder", run_folder)
-    if not OmegaConf.has_resolver("placement_kind"):
-        OmegaConf.register_new_resolver("placement_kind", placement_kind)
     register_folder_names()
 
 

@@ -59,8 +59,7 @@ def run_schedule(cell: Scheduled, batch_size: int, bar: Any) -> None:
             for records in method_batches(cell, number, chunk, method):
                 if not records:  # every row of this batch was written before
                     continue
-                for record in records:
-                    bar.add(vars(record))
+                bar.add_batch([vars(record) for record in records])
                 if method.judged and not all(cell.writer.has((*r.key[:2], BASELINE)) for r in records):
                     waiting.append(records)
                 else:

@@ -13,7 +13,8 @@ import platform
 from pathlib import Path
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 CPU flags of native bf16 matrix products
-CPU_KINDS = ("amx", "avx512_bf16", "avx2")  # in the order they are told apart: the first flag a CPU has names it
+# kind -> the flag that names it, in the order they are told apart: the first flag a CPU has names its kind
+CPU_KINDS = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "avx2": "avx2"}
 OTHER_KIND = "other"
 
 
@@ -37,8 +38,7 @@ def cpu_kind(flags: frozenset[str] | set[str] | None = None) -> str:
     flags = cpu_info()[1] if flags is None else flags
     if flags is None:
         return OTHER_KIND
-    named = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "avx2": "avx2"}
-    return next((kind for kind in CPU_KINDS if named[kind] in flags), OTHER_KIND)
+    return next((kind for kind, flag in CPU_KINDS.items() if flag in flags), OTHER_KIND)
 
 
 def placement_kind(device_map: str | None) -> str:

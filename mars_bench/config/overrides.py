@@ -202,8 +202,8 @@ def check_override_values(argv: list[str]) -> None:
 
 
 def check_tuning_row(argv: list[str]) -> None:
-    """Refuse a typed ``tuned_for=KIND`` that names no CPU kind a tuning's table has a row for, in one line (the
-    table's interpolation would otherwise fail inside Hydra's composition)."""
+    """Refuse a typed ``tuned_for=KIND`` that names no CPU kind (``common/cpu.py``), in one line: the embedded
+    tuning's table has a row for each, and its interpolation would otherwise fail inside Hydra's composition."""
     from mars_bench.common.cpu import CPU_KINDS, OTHER_KIND
 
     kinds = (*CPU_KINDS, OTHER_KIND)

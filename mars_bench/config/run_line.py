@@ -9,15 +9,19 @@ from mars_bench.method import MethodSpec
 
 
 def tuning_words(cfg: Any) -> str:
-    """What the run's drafter tuning did: ``tuning=cpu (conf/drafter_tuning/<file>.yaml)``, or that none applied
-    and why."""
+    """What the run's drafter tuning did: ``tuning=cpu (conf/drafter_tuning/<file>.yaml)``, with its table's row for
+    the run's CPU kind where it has one (a value set over the row's named with the one in effect), or that none
+    applied and why."""
     if cfg.get("tuned"):
         kind = cfg.get("tuned_for")
         if kind is None or kind not in (cfg.get("cpu_tuning") or {}):
             return f"tuning={cfg.tuning} (conf/drafter_tuning/{cfg.tuned}.yaml)"
         row = cfg.cpu_tuning[kind]
-        return (f"tuning={cfg.tuning} for CPU kind {kind} (conf/drafter_tuning/{cfg.tuned}.yaml: dtype={row.dtype}, "
-                f"weights={row.weights})")  # fmt: skip
+        chosen = []
+        for key, value, in_effect in (("dtype", row.dtype, cfg.model.dtype),
+                                      ("weights", row.weights, cfg.drafter.get("weights"))):  # fmt: skip
+            chosen.append(f"{key}={value}" + ("" if in_effect == value else f" (in effect: {in_effect})"))
+        return f"tuning={cfg.tuning} for CPU kind {kind} (conf/drafter_tuning/{cfg.tuned}.yaml: {', '.join(chosen)})"
     if cfg.tuning == "none":
         return "tuning=none (the drafter's own defaults)"
     if not own_engine(cfg.backend):

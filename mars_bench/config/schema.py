@@ -165,12 +165,19 @@ def schema_name(group: str, plugin: str) -> str:
 
 
 def register_configs() -> None:
-    """Store the schemas (the config's resolvers: ``bench.run_folder.register_resolvers``): the run's, and one per
-    registered drafter and verifier (``PluginGroup.schema``).
+    """Store the schemas (the run folder's resolvers: ``bench.run_folder.register_resolvers``): the run's, and one per
+    registered drafter and verifier (``PluginGroup.schema``); and register ``${placement_kind:DEVICE_MAP}``, which a
+    drafter tuning's table reads (``tuned_for``), so that any composition of the config resolves.
 
     The plugins' schemas are stored outside every config group (at the root, as primary configs are), so that
     Hydra neither lists them among a group's options (``--help``, its error for an unknown option) nor
     takes one as a choice: ``verifier=verifier_mars_schema`` is an unknown option."""
+    from omegaconf import OmegaConf
+
+    from mars_bench.common.cpu import placement_kind
+
+    if not OmegaConf.has_resolver("placement_kind"):
+        OmegaConf.register_new_resolver("placement_kind", placement_kind)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for group, plugins in PLUGIN_GROUPS.items():

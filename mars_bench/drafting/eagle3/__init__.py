@@ -7,8 +7,8 @@ from typing import Any
 
 from mars_bench.drafting.eagle3.drafter import Eagle3Drafter, Eagle3Settings
 
-# Imported when first asked for: the head's layers are transformers' Llama modules, whose import (about 3 s of
-# the app's start on the 2-core CPU) only a run that drafts with EAGLE-3 needs.
+# Imported when first asked for: the head's layers are transformers' Llama modules, whose import (2-3 s of the
+# app's 5-6 s start on the 2-core CPU, before) only a run that drafts with EAGLE-3 needs.
 _LAZY = {"eagle3_head_from_state": "checkpoint", "head_shapes": "checkpoint", "load_eagle3_head": "checkpoint",
          "random_head_state": "checkpoint", "Eagle3Head": "head", "eagle3_hidden_layers": "head"}  # fmt: skip
 
