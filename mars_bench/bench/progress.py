@@ -109,6 +109,8 @@ class TokenProgress:
             self.bar.total -= self.max_new_tokens - tokens
             self.bar.update(tokens - self.in_flight)  # back, for a failed row, by what it had shown
             self.in_flight = 0
+        if self.disable:  # nothing shown: nothing to predict
+            return
         expected = self.forecast.tokens_left()
         if expected is not None:
             self.bar.total = max(self.bar.n, self.bar.n + round(expected))
