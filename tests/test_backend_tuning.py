@@ -70,6 +70,7 @@ def test_the_precision_a_tuning_table_set_goes_back_to_the_model_options_under_v
     under_vllm = typed(*planted, "backend=vllm")
     take_back_tuning(under_vllm)
     assert (under_vllm.model.dtype, under_vllm.drafter.weights, under_vllm.tuned) == ("bfloat16", None, None)
+    assert under_vllm.tuned_for is None  # the manifest names no row either
     kept = typed(*planted, "backend=vllm", "model.dtype=float32")
     take_back_tuning(kept)
     assert kept.model.dtype == "float32"  # typed: it stays

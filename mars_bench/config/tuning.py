@@ -47,6 +47,8 @@ def take_back_tuning(cfg: Any) -> None:
     if set_by_table and "dtype" not in typed_keys(cfg, "model"):
         cfg.model.dtype = model_dtype_as_loaded(cfg)
     cfg.tuned = None
+    if "${cpu_tuning" not in str(OmegaConf.to_container(cfg, resolve=False)):  # no value reads the row any more
+        cfg.tuned_for = None
 
 
 def hydra_settings(cfg: Any) -> Any:
