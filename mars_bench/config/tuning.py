@@ -36,18 +36,19 @@ def take_back_tuning(cfg: Any) -> None:
     tuning = option_file(cfg, "drafter_tuning", cfg.tuned)
     if tuning is None:
         return
-    typed, loaded = typed_drafter_keys(cfg), drafter_as_loaded(cfg, cfg.drafter.name)
     content = OmegaConf.to_container(OmegaConf.load(tuning), resolve=False)  # as written: a table's rows are interpolations
-    written = OmegaConf.to_container(cfg.drafter, resolve=False)
-    for key, value in (content.get("drafter") or {}).items():
-        if key not in typed and key in loaded and written.get(key) == value:
-            cfg.drafter[key] = loaded[key]
-    dtype = (content.get("model") or {}).get("dtype")  # a table's precision: the model option's own, likewise
-    set_by_table = dtype is not None and OmegaConf.to_container(cfg.model, resolve=False)["dtype"] == dtype
-    if set_by_table and "dtype" not in typed_keys(cfg, "model"):
-        cfg.model.dtype = model_dtype_as_loaded(cfg)
+    still_read = False  # a key that reads the table's row stays (typed values are not interpolations)
+    for group, loaded in (("drafter", drafter_as_loaded(cfg, cfg.drafter.name)), ("model", model_as_loaded(cfg))):
+        typed, written = typed_keys(cfg, group), OmegaConf.to_container(cfg[group], resolve=False)
+        for key, value in (content.get(group) or {}).items():
+            if written.get(key) != value:  # typed, or set otherwise by a later config (an experiment)
+                continue
+            if key not in typed and key in loaded:
+                cfg[group][key] = loaded[key]
+            else:
+                still_read = still_read or "${cpu_tuning" in str(value)
     cfg.tuned = None
-    if "${cpu_tuning" not in str(OmegaConf.to_container(cfg, resolve=False)):  # no value reads the row any more
+    if not still_read:  # the manifest names no row of a tuning not applied
         cfg.tuned_for = None
 
 
@@ -61,11 +62,6 @@ def hydra_settings(cfg: Any) -> Any:
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
-def typed_drafter_keys(cfg: Any) -> set[str]:
-    """The drafter keys the command line set (``drafter.KEY=...``); none known outside a Hydra run."""
-    return typed_keys(cfg, "drafter")
-
-
 def typed_keys(cfg: Any, group: str) -> set[str]:
     """The keys of ``group`` the command line set (``GROUP.KEY=...``); none known outside a Hydra run."""
     from mars_bench.bench.folder_names import overridden_keys
@@ -74,13 +70,16 @@ def typed_keys(cfg: Any, group: str) -> set[str]:
     return overridden_keys([str(item) for item in settings.overrides.task] if settings is not None else [], group)
 
 
-def model_dtype_as_loaded(cfg: Any) -> str:
-    """The dtype the run's model option (``conf/model/<model.name>.yaml``) sets, else the schema's default."""
+def model_as_loaded(cfg: Any) -> dict[str, Any]:
+    """The model node the run's model option (``conf/model/<model.name>.yaml``) composes to before any tuning: its
+    schema's defaults, then the keys its option file sets."""
     from mars_bench.config.schema import ModelConfig
 
+    loaded = OmegaConf.structured(ModelConfig)
     option = option_file(cfg, "model", cfg.model.name)
-    dtype = OmegaConf.load(option).get("dtype") if option is not None else None
-    return str(dtype) if dtype is not None else ModelConfig().dtype
+    if option is not None:
+        loaded = OmegaConf.merge(loaded, OmegaConf.load(option))
+    return OmegaConf.to_container(loaded)
 
 
 def option_file(cfg: Any, group: str, option: str) -> Path | None:
