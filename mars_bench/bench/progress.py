@@ -47,6 +47,7 @@ class TokenProgress:
         self.forecast = forecast_of(planned, max_new_tokens, kept, measured)
         self.started = self.last = time.monotonic()  # the cell's start; the last finished row (or begin)
         self.questions_done = self.forecast.questions_done()
+        self.questions = len({key[0] for key in planned})
         self.predicted: float | None = None  # the cell's whole seconds, as predicted once its first questions were done
         self.left = self.forecast.seconds_left()  # from the last finished row on (None: not known yet)
         total, done = len(planned) * max_new_tokens, 0
@@ -102,9 +103,9 @@ class TokenProgress:
         between them by their tokens, and the total is what the rows to come are expected to add."""
         now = time.monotonic()
         wall, self.last = now - self.last, now
-        counted = sum(min(row["new_tokens"], self.max_new_tokens) for row in rows if row["status"] == "ok")
-        for row in rows:
-            tokens = self.take(row)
+        counts = [self.take(row) for row in rows]
+        counted = sum(counts)
+        for row, tokens in zip(rows, counts):
             self.forecast.finish(row, wall * tokens / counted if counted else 0.0)
             self.bar.total -= self.max_new_tokens - tokens
             self.bar.update(tokens - self.in_flight)  # back, for a failed row, by what it had shown
@@ -116,7 +117,7 @@ class TokenProgress:
             self.bar.total = max(self.bar.n, self.bar.n + round(expected))
         self.left = self.forecast.seconds_left() if self.forecast.coming() else None
         self.show()
-        questions_done, questions = self.forecast.questions_done(), len({key[0] for key in self.forecast.planned})
+        questions_done, questions = self.forecast.questions_done(), self.questions
         if self.questions_done < FIRST_QUESTIONS <= questions_done < questions and self.left is not None:
             elapsed, left = now - self.started, self.left
             self.predicted = elapsed + left
