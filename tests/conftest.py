@@ -310,6 +310,17 @@ def _forked_child(main: Callable[[], int], cwd: Path | str, out: int, err: int) 
 
 Part = TypeVar("Part")
 SHARES = 2  # a statistical test's draws come in this many shares, each from a seed of its own: one per core of the 2-core machine
+STRESS = os.environ.get("MARS_BENCH_STRESS") == "1"  # the opt-in stress lane (docs/testing.md)
+
+
+def property_examples(found: int, stress: int) -> Any:
+    """Hypothesis settings for a property test: ``found`` examples per run, the count at which the bugs planted
+    in docs/testing.md's mutation check were caught (each run draws fresh seeds, so runs add up), or ``stress``
+    examples in the stress lane (``MARS_BENCH_STRESS=1``)."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=stress if STRESS else found, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
 
 
 def pooled_chi_square(counts: Mapping[Any, int], joint: Mapping[Any, float], min_expected: float = 5.0) -> float:

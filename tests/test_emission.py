@@ -26,8 +26,8 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import SHARES, examples_on_every_core, on_every_core
-from hypothesis import HealthCheck, given, settings
+from conftest import SHARES, examples_on_every_core, on_every_core, property_examples
+from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
@@ -556,7 +556,7 @@ def check_is_a_distribution(step: VerifyInput, emission: Emission) -> None:
     assert ((emission.accept >= 0) & (emission.accept <= 1 + 1e-6)).all(), emission.accept  # float32 sums
 
 
-PROPERTY_EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # on both cores
+PROPERTY_EXAMPLES = property_examples(found=50, stress=200)  # on both cores
 DEFAULTS = [(name, {}) for name in available_verifiers()]
 
 
