@@ -247,6 +247,23 @@ def test_a_drafter_written_for_one_sequence_against_drafter_is_refused_where_it_
                 return Draft(context[-1:])
 
 
+def test_a_model_drafter_refuses_a_second_proposal_before_the_first_is_accepted():
+    """Its drafts stay in its cache until ``accept``: a second chain would follow them."""
+    from mars_bench.verification.sampling import SamplingParams
+
+    drafter = ModelDrafter(tiny_model(seed=1))
+    prompts = [torch.tensor([3, 5, 7, 9]), torch.tensor([4, 6])]
+    drafter.begin(prompts)
+    first = drafter.propose(prompts, [3, 3], SamplingParams(), [None, None])
+    message = "ModelDrafter.propose was called again before accept: allowed is begin, then propose and accept in turn"
+    with pytest.raises(RuntimeError, match="^" + re.escape(message) + "$"):
+        drafter.propose(prompts, [3, 3], SamplingParams(), [None, None])
+    drafter.accept([[0], []])
+    kept = first[0].tokens[:1].cpu()  # row 0 kept its first draft, then the target's token; row 1 only the target's
+    contexts = [torch.cat([prompts[0], kept, torch.tensor([11])]), torch.cat([prompts[1], torch.tensor([12])])]
+    assert all(draft is not None for draft in drafter.propose(contexts, [2, 2], SamplingParams(), [None, None]))
+
+
 def test_what_the_batched_engine_does_not_take_is_refused_in_one_line(tiny):
     with pytest.raises(ValueError, match="prompts is empty"):
         decode_batch(tiny, None, None, [])

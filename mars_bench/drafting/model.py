@@ -92,6 +92,7 @@ class ModelDrafter(Drafter):
         self.cache: BatchCache | None = None  # the batch's cache (models/kvcache.py), made per batch
         self.rows: list[_ChainRow] = []
         self.committed_end = 0  # the cache's width once the last proposal fed every row's committed tokens
+        self.awaiting_accept = False  # a proposal's drafts are in the cache until its accept
 
     @property
     def device(self) -> torch.device:
@@ -99,6 +100,7 @@ class ModelDrafter(Drafter):
 
     def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor] | None = None) -> None:
         """Every prompt but its last token, left-padded, in one forward (the last is fed with the first draft)."""
+        self.awaiting_accept = False
         self.cache = BatchCache(self.model, len(prompts))
         self.rows = [_ChainRow(len(prompt) - 1, None if self.stop_rule is None else self.stop_rule.fresh()) for prompt in prompts]
         self._score_context(prompts)
@@ -143,7 +145,12 @@ class ModelDrafter(Drafter):
     def propose(self, contexts: Sequence[torch.Tensor], limits: Sequence[int], sampling: SamplingParams,
                 generators: Sequence[torch.Generator | None]) -> list[Draft | None]:  # fmt: skip
         """Every row's chain, on the device: per drafter forward, each row drafts one token and then, while its
-        choice confirms the next of its guesses, one more from the same forward."""
+        choice confirms the next of its guesses, one more from the same forward. Refused before the last
+        proposal's ``accept``: its drafts are still in the cache, and the next chain would follow them."""
+        if self.awaiting_accept:
+            raise RuntimeError(f"{type(self).__name__}.propose was called again before accept: allowed is begin, "
+                               "then propose and accept in turn")  # fmt: skip
+        self.awaiting_accept = True
         guesses = getattr(self.settings, "guesses", 0)
         for row, context, limit in zip(self.rows, contexts, limits):
             row.start(context, limit, guesses > 0)
@@ -255,6 +262,7 @@ class ModelDrafter(Drafter):
     def accept(self, paths: Sequence[list[int]], features: Sequence[torch.Tensor] | None = None) -> None:
         """Each row keeps its fed drafts up to its accepted count (its last draft was never fed); the rest are
         forgotten, and the positions past every row's kept ones are cropped."""
+        self.awaiting_accept = False
         length = self.committed_end
         for row, path in zip(self.rows, paths):
             count = len(path)
