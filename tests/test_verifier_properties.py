@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-from conftest import examples_on_every_core
-from hypothesis import HealthCheck, given, settings
+from conftest import examples_on_every_core, property_examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mars_bench.verification import COUNT, VerifyInput, available_verifiers, get_verifier
@@ -23,7 +23,7 @@ LOGIT = st.one_of(
     st.sampled_from([0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, math.inf, -math.inf, math.nan]),
 )
 TEMPERATURE = st.sampled_from([0.0, 1e-30, 1e-6, 0.7, 1.0, 3.0, 1e6, 1e30])
-FUZZ_CASES = 300  # per verifier; the count is reported in docs/reliability.md
+FUZZ_CASES = property_examples(found=100, stress=300)  # per verifier; the counts are reported in docs/reliability.md
 
 
 @st.composite
@@ -70,7 +70,7 @@ def well_formed(step: VerifyInput, verifier, verdict) -> None:
         assert found.dtype == (torch.bool if statistic.kind == COUNT else torch.float32) and len(found) == len(decisions.reasons)
 
 
-@pytest.mark.slow  # FUZZ_CASES inputs per verifier, half on each core
+@pytest.mark.slow  # FUZZ_CASES' inputs per verifier, half on each core
 @pytest.mark.parametrize("name", available_verifiers())
 def test_a_verdict_or_a_clear_error_never_a_crash(name):
     verifier = get_verifier(name)
@@ -85,7 +85,7 @@ def test_a_verdict_or_a_clear_error_never_a_crash(name):
             return
         well_formed(step, verifier, verdict)
 
-    examples_on_every_core(check, settings(max_examples=FUZZ_CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow]))
+    examples_on_every_core(check, FUZZ_CASES)
 
 
 def test_bad_inputs_are_named():
