@@ -52,6 +52,7 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--min-confidence", "1.5"], "drafter.min_confidence=1.5 is invalid: allowed is a number in (0, 1)"),
     (["--draft-cost", "0"], "drafter.draft_cost=0.0 is invalid: allowed is a number > 0"),
     (["--configs", "schedule", "--gamma", "20"], "drafter.max_gamma=16 is invalid: allowed is an integer >= gamma (20)"),
+    (["--vllm-gamma", "0"], "--vllm-gamma=0 is invalid: allowed is an integer >= 1 (omitted: --gamma)"),
 ])  # fmt: skip
 def test_configurations_given_one_by_one_are_checked_before_anything_loads(options, error, tmp_path, capsys):
     assert perf_main([*options, "--out", str(tmp_path / "out")]) == 2
@@ -290,6 +291,17 @@ def test_vllms_peers_are_timed_greedy_and_compared_with_ours_naming_what_differs
     unlike = rows[("T=0 ours chain exact, confidence + vocab 32768 + int4 weights", spec)]
     assert "the draft weights: ours int4, vLLM's as loaded (no counterpart)" in unlike and "32,768 tokens" in unlike
     assert ("T=1 ours AR baseline", ar) not in rows
+
+
+def test_vllms_draft_count_is_ours_unless_given_apart():
+    """Our tuned drafter against vLLM's best draft count: --vllm-gamma sets vLLM's alone, and its comparison names it."""
+    same, _ = perf_options(["--gamma", "20", "--peers", "vllm-spec", "--temperatures", "0"])
+    apart, _ = perf_options(["--gamma", "20", "--vllm-gamma", "7", "--peers", "vllm-spec", "--temperatures", "0"])
+    assert (same.gamma, same.peer_gamma) == (20, 20) and (apart.gamma, apart.peer_gamma) == (20, 7)
+    methods = suite_module.methods_for(apart)
+    raw = {m.name: [[{"tokens": [1, 2, 3], "seconds": 1.0}]] for m in methods}
+    rows = suite_module.comparisons(methods, raw, True, apart.peer_gamma)
+    assert any("against vLLM's (7 drafts every step)" in row["differs"] for row in rows)
 
 
 def test_reports_written_before_the_drafters_own_settings_were_recorded_read_as_they_did():

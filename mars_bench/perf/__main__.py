@@ -48,6 +48,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     parser.add_argument("--max-new-tokens", type=int, default=PerfSettings.max_new_tokens)
     parser.add_argument("--repeats", type=int, default=PerfSettings.repeats)
     parser.add_argument("--gamma", type=int, default=PerfSettings.gamma)
+    parser.add_argument("--vllm-gamma", type=int, default=None,
+                        help="vLLM's draft-model speculation's drafts a step, where its best is not ours (default: --gamma)")
     parser.add_argument(
         "--min-confidence",
         type=float,
@@ -113,7 +115,8 @@ def parse(argv: list[str] | None) -> tuple[PerfSettings, Path]:
     settings = PerfSettings(
         target=model.target, draft_model=model.draft_model, dtype=args.dtype or model.get("dtype", "bfloat16"),
         tasks=tuple(args.tasks), num_prompts=args.num_prompts, skip_prompts=args.skip_prompts, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gamma=args.gamma, max_gamma=args.max_gamma, min_confidence=args.min_confidence,
+        repeats=args.repeats, gamma=args.gamma, vllm_gamma=args.vllm_gamma, max_gamma=args.max_gamma,
+        min_confidence=args.min_confidence,
         draft_cost=args.draft_cost, peers=tuple(args.peers),
         temperatures=tuple(args.temperatures),
         token_counts=args.token_counts, data_dir=args.data_dir, kernels=args.kernels, **draft_configs(args),

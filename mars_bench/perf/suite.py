@@ -109,6 +109,7 @@ class PerfSettings:
     max_new_tokens: int = 128
     repeats: int = 3
     gamma: int = DEFAULT_LENGTH.gamma
+    vllm_gamma: int | None = None  # vLLM's draft-model speculation's drafts a step where they differ from ours (None: gamma)
     draft_lengths: tuple[str, ...] = ("fixed",)
     draft_vocabs: tuple[int | None, ...] = (None,)
     configurations: tuple[DraftConfig, ...] = ()  # given one by one, instead of every length with every vocabulary
@@ -123,11 +124,18 @@ class PerfSettings:
     drafter: str = "model"  # the registered drafter of our configurations (chain_drafters_of_a_model)
     backend: str = "transformers"  # the registered backend our methods run on: this package's engine (Backend.own_engine)
 
+    @property
+    def peer_gamma(self) -> int:
+        """The drafts a step of vLLM's draft-model speculative decoding."""
+        return self.gamma if self.vllm_gamma is None else self.vllm_gamma
+
     def check(self) -> None:
         for option, value in (("num_prompts", self.num_prompts), ("max_new_tokens", self.max_new_tokens),
                               ("repeats", self.repeats), ("gamma", self.gamma)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
+        if self.vllm_gamma is not None and self.vllm_gamma < 1:
+            raise ValueError(f"--vllm-gamma={self.vllm_gamma} is invalid: allowed is an integer >= 1 (omitted: --gamma)")
         if self.skip_prompts < 0:
             raise ValueError(f"--skip-prompts={self.skip_prompts} is invalid: allowed is an integer >= 0")
         if self.drafter not in chain_drafters_of_a_model():
@@ -260,7 +268,7 @@ class Suite:
         # vLLM's engines first, on the same checkpoints and dtype (see vllm_peer): what they hold is then taken
         # before our models load, so model.kernels=auto packs ours only where the packed copies still fit
         self.vllm = VllmEngines(vllm, str(resolve_model(settings.target).path), str(resolve_model(settings.draft_model).path),
-                                settings.dtype, settings.gamma) if vllm else None  # fmt: skip
+                                settings.dtype, settings.peer_gamma) if vllm else None  # fmt: skip
         self.backend: Any = None
         try:
             # Ours: the backend a cell builds from the same run config, with the models it loads (a draft model equal to
@@ -609,7 +617,7 @@ def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any
         "assisted_generation": assistant_settings(suite.peer_draft) if suite.peer_draft is not None else None,
         "results": results,
         "comparisons": comparisons(suite.methods, raw, any(loaded.packed for loaded in (suite.target, suite.draft)),
-                                   suite.settings.gamma),
+                                   suite.settings.peer_gamma),
         "analytic": analytic_model(suite.methods, costs, raw, results),
         "raw": {name: [[{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in repeat] for repeat in repeats]
                 for name, repeats in raw.items()},  # fmt: skip
