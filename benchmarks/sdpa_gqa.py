@@ -5,7 +5,7 @@ transformers' copy of them per query head, on the embedded pair, switched per ca
     python benchmarks/sdpa_gqa.py decode [--max-new-tokens 384] [--out FILE]
 
 ``forwards``: the target's 6-token and the draft model's 6-token forward after a cached random context of each
-length, the two settings alternating, 8 timed pairs after 2 warm-up ones; the logits compared bit for bit.
+length, each pair the copy first, 8 timed pairs after 2 warm-up ones; the logits compared bit for bit.
 ``decode``: our chain (the perf suite's ``--configs fixed``: the draft model as loaded, 5 drafts a step, greedy)
 on the first HumanEval and GSM8K prompts, each decoded with both settings in alternating order, twice; the tokens
 compared. transformers reads ``TRANSFORMERS_SDPA_FORCE_GQA`` at each attention call.

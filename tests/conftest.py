@@ -322,7 +322,6 @@ def property_examples(found: int, stress: int) -> Any:
     return settings(max_examples=stress if STRESS else found, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-
 def pooled_chi_square(counts: Mapping[Any, int], joint: Mapping[Any, float], min_expected: float = 5.0) -> float:
     """The chi-square p-value of ``counts`` (outcome -> draws) against the exact distribution ``joint``
     (outcome -> mass, normalised here). Chi-square needs about 5 expected draws per cell: one draw of an

@@ -53,6 +53,7 @@ def test_bad_options_are_one_clear_line(tmp_path):
     (["--draft-cost", "0"], "drafter.draft_cost=0.0 is invalid: allowed is a number > 0"),
     (["--configs", "schedule", "--gamma", "20"], "drafter.max_gamma=16 is invalid: allowed is an integer >= gamma (20)"),
     (["--vllm-gamma", "0"], "--vllm-gamma=0 is invalid: allowed is an integer >= 1 (omitted: --gamma)"),
+    (["--vllm-gamma", "7"], "--vllm-gamma=7 is for vLLM's speculation: allowed with --peers vllm-spec"),
 ])  # fmt: skip
 def test_configurations_given_one_by_one_are_checked_before_anything_loads(options, error, tmp_path, capsys):
     assert perf_main([*options, "--out", str(tmp_path / "out")]) == 2

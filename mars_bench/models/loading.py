@@ -62,17 +62,20 @@ def steady_attention_kernels(model: Any) -> None:
     rising to 100 ms, while the lengths were new and 23 ms once seen. Whichever method
     decodes a prompt first would pay for the plans and flatter the one after it.
 
-    On a machine without CUDA, let SDPA read grouped-query attention's shared key and value heads as they are
-    (``enable_gqa``) where transformers would first copy them once per query head (a forward with an attention
-    mask: a verification, a drafter's multi-token forward, every forward at B > 1). The outputs are identical,
-    bit for bit, in bfloat16 and float32, and the copy grows with the context: measured on the embedded pair (Intel
-    Xeon with AMX, bf16), the target's 6-token forward 202.9 -> 192.7 ms at a 700-token context, the same at 200
-    (benchmarks/results/spec_step_profile_cpu). transformers reads the variable at each call; a value the user
-    set wins. On CUDA, masked GQA would fall back to SDPA's math kernel, so it is left alone there.
+    On a CPU-only machine, for a model on the CPU, let SDPA read grouped-query attention's shared key and value heads
+    as they are (``enable_gqa``) where transformers would first copy them once per query head (a forward of more than
+    one token with an attention mask: a verification, a drafter's multi-token forward; a one-token forward with a mask,
+    at B > 1, moves from transformers' packed-query path to the same ``enable_gqa``). The logits are identical, bit for
+    bit, except those of a one-token forward at B > 1, equal within float32 rounding (tests/test_attention_kernels.py);
+    the copy's cost grows with the context: measured at B = 1 in
+    benchmarks/results/spec_step_profile_cpu (about 4% of a decode of a few hundred tokens; B > 1 not timed).
+    transformers reads the variable at each call, so every model in the process (a perf suite's transformers peers
+    too) runs the same kernel; a value the user set wins. On CUDA, masked GQA would fall back to SDPA's math kernel,
+    and other accelerators are left as transformers decides.
     """
     if any(parameter.is_cuda for parameter in model.parameters()):
         torch.backends.cuda.enable_cudnn_sdp(False)
-    elif not torch.cuda.is_available():
+    elif not torch.cuda.is_available() and all(parameter.device.type == "cpu" for parameter in model.parameters()):
         os.environ.setdefault(SDPA_GQA, "1")
 
 

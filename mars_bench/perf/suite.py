@@ -136,6 +136,8 @@ class PerfSettings:
                 raise ValueError(f"--{option.replace('_', '-')}={value} is invalid: allowed is an integer >= 1")
         if self.vllm_gamma is not None and self.vllm_gamma < 1:
             raise ValueError(f"--vllm-gamma={self.vllm_gamma} is invalid: allowed is an integer >= 1 (omitted: --gamma)")
+        if self.vllm_gamma is not None and "vllm-spec" not in self.peers:
+            raise ValueError(f"--vllm-gamma={self.vllm_gamma} is for vLLM's speculation: allowed with --peers vllm-spec")
         if self.skip_prompts < 0:
             raise ValueError(f"--skip-prompts={self.skip_prompts} is invalid: allowed is an integer >= 0")
         if self.drafter not in chain_drafters_of_a_model():
