@@ -294,6 +294,18 @@ def test_vllms_peers_are_timed_greedy_and_compared_with_ours_naming_what_differs
     assert ("T=1 ours AR baseline", ar) not in rows
 
 
+def test_a_run_whose_target_found_no_room_for_its_packed_copy_says_so_in_what_differs():
+    from types import SimpleNamespace
+
+    both, neither = SimpleNamespace(packed=object()), SimpleNamespace(packed=None)
+    assert suite_module.our_linears({"target": both, "draft_model": both}) is True
+    assert suite_module.our_linears({"target": neither, "draft_model": neither}) is False
+    mixed = suite_module.our_linears({"target": neither, "draft_model": both})
+    assert mixed == "ours packed for oneDNN for the draft model but as loaded for the target (no room for its packed copy)"
+    ar, vllm_ar = suite_module.Method(suite_module.OURS, 0.0), suite_module.Method(suite_module.VLLM, 0.0)
+    assert f"the linear layers: {mixed}, vLLM's its own" in suite_module.differences(ar, vllm_ar, mixed)
+
+
 def test_vllms_draft_count_is_ours_unless_given_apart():
     """Our tuned drafter against vLLM's best draft count: --vllm-gamma sets vLLM's alone, and its comparison names it."""
     same, _ = perf_options(["--gamma", "20", "--peers", "vllm-spec", "--temperatures", "0"])

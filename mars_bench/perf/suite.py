@@ -430,11 +430,11 @@ def summarise_method(method: Method, repeats: list[list[dict[str, Any]]]) -> dic
     return row
 
 
-def comparisons(methods: list[Method], raw: Raw, packed: bool = False, gamma: int | None = None) -> list[dict[str, Any]]:
+def comparisons(methods: list[Method], raw: Raw, packed: bool | str = False, gamma: int | None = None) -> list[dict[str, Any]]:
     """Each of our speculative methods against our AR baseline, against assisted generation and against
     vLLM's speculative decoding at its temperature; our AR baseline and assisted generation against plain
-    ``generate``; our AR baseline against vLLM's, and vLLM's speculative decoding against its AR. packed: our
-    models' linear layers run packed (``model.kernels``), transformers' as it loads them; gamma: vLLM's
+    ``generate``; our AR baseline against vLLM's, and vLLM's speculative decoding against its AR. packed: whether our
+    models' linear layers run packed (``model.kernels``; ``our_linears``), transformers' as it loads them; gamma: vLLM's
     drafts a step (``differences``)."""
     by_key = {(m.side, m.temperature, m.assisted, m.config, m.assistant_weights): m for m in methods}
     pairs = []
@@ -462,14 +462,30 @@ def comparisons(methods: list[Method], raw: Raw, packed: bool = False, gamma: in
     return rows
 
 
-def differences(mine: Method, other: Method, packed: bool = False, gamma: int | None = None) -> str:
+def our_linears(models: dict[str, Any]) -> bool | str:
+    """How our models' linear layers run, for ``differences``: True where every one (role -> LoadedModel) is packed,
+    False where none is, else which are and which are not (``model.kernels=auto`` leaves a model as loaded where its
+    packed copy finds no room, as after two vLLM engines on a 24 GB machine)."""
+    packed = {role: loaded.packed is not None for role, loaded in models.items()}
+    if all(packed.values()) or not any(packed.values()):
+        return all(packed.values())
+    roles = [role.replace("_", " ") for role in packed]
+    done = " and ".join(role for role, flag in zip(roles, packed.values()) if flag)
+    left = " and ".join(role for role, flag in zip(roles, packed.values()) if not flag)
+    return f"ours packed for oneDNN for the {done} but as loaded for the {left} (no room for its packed copy)"
+
+
+def differences(mine: Method, other: Method, packed: bool | str = False, gamma: int | None = None) -> str:
     """What differs between the two sides of a comparison; the rest (target and draft weights, dtype,
-    quantization, prompts, budget, temperature) is held the same. packed, gamma: as ``comparisons``'."""
-    if other.side == VLLM:  # vLLM always runs its own linear layers, so they differ, packed or not
+    quantization, prompts, budget, temperature) is held the same. packed (``our_linears``), gamma: as ``comparisons``'."""
+    if isinstance(packed, str):
+        ours = packed
+    else:
         ours = "ours packed for oneDNN (model.kernels)" if packed else "ours as loaded (model.kernels: stock)"
+    if other.side == VLLM:  # vLLM always runs its own linear layers, so they differ, packed or not
         kernels = f"; the linear layers: {ours}, vLLM's its own (oneDNN, prepacked at load)"
     else:
-        kernels = "; the linear layers: ours packed for oneDNN (model.kernels), transformers' as loaded" if packed else ""
+        kernels = f"; the linear layers: {ours}, transformers' as loaded" if packed else ""
     return _differences(mine, other, gamma) + (kernels if mine.side == OURS and other.side != OURS else "")
 
 
@@ -618,7 +634,7 @@ def build_report(suite: Suite, environment: dict[str, Any], costs: dict[str, Any
                            for role, loaded in (("target", suite.target), ("draft_model", suite.draft))},  # fmt: skip
         "assisted_generation": assistant_settings(suite.peer_draft) if suite.peer_draft is not None else None,
         "results": results,
-        "comparisons": comparisons(suite.methods, raw, any(loaded.packed for loaded in (suite.target, suite.draft)),
+        "comparisons": comparisons(suite.methods, raw, our_linears({"target": suite.target, "draft_model": suite.draft}),
                                    suite.settings.peer_gamma),
         "analytic": analytic_model(suite.methods, costs, raw, results),
         "raw": {name: [[{"seconds": run["seconds"], "tokens": len(run["tokens"])} for run in repeat] for repeat in repeats]
