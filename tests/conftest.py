@@ -314,9 +314,9 @@ STRESS = os.environ.get("MARS_BENCH_STRESS") == "1"  # the opt-in stress lane (d
 
 
 def property_examples(found: int, stress: int) -> Any:
-    """Hypothesis settings for a property test: ``found`` examples per run, the count at which the bugs planted
-    in docs/testing.md's mutation check were caught (each run draws fresh seeds, so runs add up), or ``stress``
-    examples in the stress lane (``MARS_BENCH_STRESS=1``)."""
+    """Hypothesis settings for a property test: ``found`` examples per run, the count docs/testing.md's check of
+    planted bugs chose (each run draws fresh seeds, so runs add up), or ``stress`` examples in the stress lane
+    (``MARS_BENCH_STRESS=1``)."""
     from hypothesis import HealthCheck, settings
 
     return settings(max_examples=stress if STRESS else found, deadline=None, suppress_health_check=[HealthCheck.too_slow])

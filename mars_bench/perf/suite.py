@@ -466,12 +466,11 @@ def our_linears(models: dict[str, Any]) -> bool | str:
     """How our models' linear layers run, for ``differences``: True where every one (role -> LoadedModel) is packed,
     False where none is, else which are and which are not (``model.kernels=auto`` leaves a model as loaded where its
     packed copy finds no room, as after two vLLM engines on a 24 GB machine)."""
-    packed = {role: loaded.packed is not None for role, loaded in models.items()}
+    packed = {role.replace("_", " "): loaded.packed is not None for role, loaded in models.items()}
     if all(packed.values()) or not any(packed.values()):
         return all(packed.values())
-    roles = [role.replace("_", " ") for role in packed]
-    done = " and ".join(role for role, flag in zip(roles, packed.values()) if flag)
-    left = " and ".join(role for role, flag in zip(roles, packed.values()) if not flag)
+    done = " and ".join(role for role, flag in packed.items() if flag)
+    left = " and ".join(role for role, flag in packed.items() if not flag)
     return f"ours packed for oneDNN for the {done} but as loaded for the {left} (no room for its packed copy)"
 
 
