@@ -306,8 +306,9 @@ def test_a_run_whose_target_found_no_room_for_its_packed_copy_says_so_in_what_di
     assert f"the linear layers: {mixed}, vLLM's its own" in suite_module.differences(ar, vllm_ar, mixed)
 
 
-def test_vllms_draft_count_is_ours_unless_given_apart():
+def test_vllms_draft_count_is_ours_unless_given_apart(tmp_path, monkeypatch):
     """Our tuned drafter against vLLM's best draft count: --vllm-gamma sets vLLM's alone, and its comparison names it."""
+    monkeypatch.setenv("MARS_BENCH_VLLM_PYTHON", str(fake_python(tmp_path, "0.32.0")))  # a Python that has vLLM: none runs
     same, _ = perf_options(["--gamma", "20", "--peers", "vllm-spec", "--temperatures", "0"])
     apart, _ = perf_options(["--gamma", "20", "--vllm-gamma", "7", "--peers", "vllm-spec", "--temperatures", "0"])
     assert (same.gamma, same.peer_gamma) == (20, 20) and (apart.gamma, apart.peer_gamma) == (20, 7)

