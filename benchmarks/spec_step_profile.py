@@ -2,7 +2,7 @@
 verification forward, the verifier, the cache rollback, the bookkeeping, and what lies outside any operator.
 
     python benchmarks/spec_step_profile.py [--dtype bfloat16] [--gamma 5] [--num-prompts 2] [--max-new-tokens 64]
-                                           [--out spec_step_profile]
+                                           [--kernels auto] [--out spec_step_profile]
 
 The perf suite's method (``python -m mars_bench.perf --configs fixed``: our chain, the draft model as loaded,
 ``gamma`` drafts a step, the strict rule, greedy), through the same backend, on the first ``--num-prompts``
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default="spec_step_profile")
+    parser.add_argument("--kernels", default="auto", help="our models' linear layers on the CPU (model.kernels)")
     parser.add_argument("--no-profile", action="store_true",
                         help="the phase timings only: torch.profiler's trace of long decodes outgrows 24 GB")  # fmt: skip
     args = parser.parse_args(argv)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     config = DraftConfig.of("model", "fixed")
     settings = PerfSettings(args.target, args.draft_model, dtype=args.dtype, num_prompts=args.num_prompts,
                             max_new_tokens=args.max_new_tokens, repeats=1, gamma=args.gamma, configurations=(config,),
-                            temperatures=(0.0,), peers=())  # fmt: skip
+                            temperatures=(0.0,), peers=(), kernels=args.kernels)  # fmt: skip
     suite = Suite(settings)
     method = Method(OURS, 0.0, config)
     modules = suite.backend.forward_modules(suite.prepared[method])

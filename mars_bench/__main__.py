@@ -60,7 +60,7 @@ def run(cfg: DictConfig, folder: Path, name: str, multirun: bool) -> None:
         refuse(error)
     if (folder / CONFIG_FILE).is_file():  # a cell has started here before
         print(resuming_line(folder), file=sys.stderr)
-    slow_bf16 = emulated_bf16_warning(cfg.model.get("dtype"), cfg.model.get("device_map"))
+    slow_bf16 = emulated_bf16_warning(cfg.model.get("dtype"), cfg.model.get("device_map"), kernels=cfg.model.kernels)
     if slow_bf16:
         print(f"mars_bench: warning: {slow_bf16}", file=sys.stderr)
     try:

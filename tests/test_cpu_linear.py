@@ -38,6 +38,29 @@ def test_a_packed_layer_computes_what_the_stock_layer_computes(dtype, bias):
     torch.testing.assert_close(layer(inputs[1].to(dtype)), expected[1], atol=0, rtol=0)  # the stock forward again
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_widened_bf16_layer_computes_a_bf16_product_where_the_cpu_emulates_bf16(monkeypatch, bias):
+    """Where oneDNN runs float32 but not bf16 natively, a bf16 layer keeps its stock one-row forward, bit for bit, and
+    takes wider inputs through a float32 copy: the products of bf16 numbers, exact in float32, summed in float32."""
+    from mars_bench.models import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "onednn_runs", lambda dtype: dtype == torch.float32)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    one_row, wide = torch.randn(1, 1, 64).to(torch.bfloat16), torch.randn(2, 3, 64).to(torch.bfloat16)
+    stock_one_row = layer(one_row)
+    packed = pack_linears(layer)
+    assert (packed.layers, packed.widened, packed.bytes) == (1, 1, 64 * 96 * 4)
+    assert packed.describe()["bf16_in_float32_from_rows"] == {"layers": 1, "rows": cpu_linear.WIDE_ROWS}
+    assert torch.equal(layer(one_row), stock_one_row)
+    summed = (wide.double() @ layer.weight.double().T + (layer.bias.double() if bias else 0)).float()
+    out = layer(wide)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 96)
+    torch.testing.assert_close(out.float(), summed, atol=1e-5, rtol=2**-8)  # one bf16 rounding of the float32 sum
+    assert use_kernels(torch.nn.Linear(8, 8).to(torch.bfloat16), "auto").widened == 1  # auto widens bf16 there
+    assert unpack_linears(layer) == 1 and not hasattr(layer, "packed_bias")
+
+
 def test_packing_takes_every_plain_linear_once_and_leaves_the_weights():
     model = tiny_model("qwen2", seed=0)
     weights = {name: p.clone() for name, p in model.named_parameters()}
@@ -81,7 +104,7 @@ def test_kernels_settings_are_checked_in_one_line():
     assert (auto.layers if auto else 0) == (4 * 7 + 1 if torch.float32 in auto_dtypes() else 0)
     unpack_linears(model)
     assert use_kernels(model, "onednn").layers == 4 * 7 + 1
-    assert auto_dtypes() == ((torch.bfloat16,) if onednn_runs(torch.bfloat16) else (torch.float32,))
+    assert auto_dtypes() == ((torch.bfloat16,) if onednn_runs(torch.bfloat16) else (torch.float32, torch.bfloat16))
     if onednn_runs(torch.bfloat16):
         assert use_kernels(tiny_model("llama", seed=0).to(torch.bfloat16), "auto").layers == 4 * 7 + 1
     with pytest.raises(ValueError, match="model.kernels='onednn' found no linear layer it can pack"):

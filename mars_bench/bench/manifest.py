@@ -18,6 +18,7 @@ import torch
 from mars_bench.bench.contention import ContentionMeter, machine_load
 from mars_bench.bench.records import MANIFEST_FILE
 from mars_bench.common.cpu import BF16_FLAGS, cpu_info, cpu_kind
+from mars_bench.common.kernels import DEFAULT_KERNELS
 from mars_bench.common.paths import CONF_DIR, PACKAGE_DIR
 from mars_bench.models.placement import drafter_device, input_device, placement
 
@@ -66,23 +67,31 @@ def cpu_description() -> dict[str, Any]:
     }
 
 
-def emulated_bf16_warning(dtype: str | None, device_map: str | None, cpu: dict[str, Any] | None = None) -> str | None:
-    """The warning, one line without the program's prefix, where a model would run bf16 matrix
-    products the CPU emulates: ``dtype`` bfloat16, placed on the CPU (``device_map`` None or
-    ``cpu``), and a CPU with none of ``BF16_FLAGS``.
-    None otherwise, and where the flags cannot be read. What it says was measured on an AVX2-only CPU
-    (docs/performance.md#a-cpu-without-native-bf16): a one-token forward about as fast as float32, a
-    many-token one several times slower; the results stay valid, they are that CPU's."""
+def emulated_bf16_warning(dtype: str | None, device_map: str | None, cpu: dict[str, Any] | None = None,
+                          kernels: str = DEFAULT_KERNELS) -> str | None:
+    """The warning, one line without the program's prefix, where a model would run bf16 matrix products the CPU
+    emulates: ``dtype`` bfloat16, placed on the CPU (``device_map`` None or ``cpu``), and a CPU with none of
+    ``BF16_FLAGS``; it says what ``kernels`` (``model.kernels``) does about it. None otherwise, and where the
+    flags cannot be read. What it says was measured on an AVX2-only CPU (docs/performance.md#a-cpu-without-native-bf16):
+    each row of a stock bf16 product costs about what a one-row product costs, and a float32 copy of the weights
+    takes the wide ones (``cpu_linear.widened_forward``); the results stay valid, they are that CPU's."""
     if dtype != "bfloat16" or device_map not in (None, "cpu"):
         return None
     cpu = cpu_description() if cpu is None else cpu
     if cpu.get("native_bf16") is not False:
         return None
-    return (
-        f"dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of {', '.join(BF16_FLAGS)}): its bf16 "
-        "products are emulated; on such a CPU a one-token forward ran about as fast as in float32 and a many-token one "
-        "(a prompt, a long draft's verification) several times slower, so the speedups measured here are this CPU's "
-        "(docs/performance.md#a-cpu-without-native-bf16)"
+    machine = f"dtype=bfloat16 on a CPU without native bf16 ({cpu.get('model')}: none of {', '.join(BF16_FLAGS)}): "
+    if kernels == "stock":
+        return machine + (
+            "its bf16 products are emulated and model.kernels=stock leaves them so: each token of a many-token forward "
+            "(a prompt, a long draft's verification) costs about what a one-token forward costs; model.kernels=auto "
+            "takes those through float32 copies of the weights (docs/performance.md#a-cpu-without-native-bf16)"
+        )
+    return machine + (
+        f"its bf16 products are emulated, so model.kernels={kernels} keeps one-token forwards in bf16 and takes wider "
+        "ones (a prompt, a verification) through float32 copies of the linear weights where memory allows (twice the "
+        "weights' size; the manifest's packed_linears says what was packed); the speedups "
+        "measured here are this CPU's (docs/performance.md#a-cpu-without-native-bf16)"
     )
 
 

@@ -4,7 +4,7 @@ Torch-free, so that configs and records can name the values without loading a mo
 
 from __future__ import annotations
 
-KERNELS = ("auto", "onednn", "stock")  # auto: onednn for bfloat16 where the CPU runs it natively, else stock
+KERNELS = ("auto", "onednn", "stock")  # auto: what cpu_linear.auto_dtypes names for this CPU, the rest stock
 DEFAULT_KERNELS = "auto"
 EARLIER_KERNELS = "stock"  # what every row and config older than model.kernels ran
 

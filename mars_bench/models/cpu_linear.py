@@ -27,27 +27,37 @@ from mars_bench.common.kernels import check_kernels
 # its gain above 16 rows (a verification forward is B x (gamma + 1) rows); one for 16 holds it to 32
 # (benchmarks/results/forward_kernels_cpu).
 PACK_BATCH_HINT = 16
+# Rows (tokens over the batch) from which a bfloat16 layer on a CPU that emulates bf16 computes through a float32
+# packed copy of its weight (``widened_forward``); fewer stay bf16, whose one-row product is the faster there.
+WIDE_ROWS = 2
 
 
 def auto_dtypes() -> tuple[torch.dtype, ...]:
-    """What ``model.kernels=auto`` packs on this CPU: the dtype to run on it. Where the CPU multiplies bfloat16
-    natively, bfloat16 (packed, faster at every width; float32 there was no faster at one token: the embedded
-    target 272.8 -> 272.0 ms a forward, its drafter 94.8 -> 103.6 ms, on an Intel Xeon with AMX); where it does
-    not, float32 (packed, faster at every width on an AVX2-only AMD EPYC: the target 503 -> 378 ms at one token,
-    1792 -> 501 ms at six, its drafter 156 -> 132 ms). benchmarks/results/forward_kernels_cpu."""
-    return (torch.bfloat16,) if onednn_runs(torch.bfloat16) else (torch.float32,)
+    """What ``model.kernels=auto`` packs on this CPU. Where the CPU multiplies bfloat16 natively, bfloat16 (packed,
+    faster at every width; float32 there was no faster at one token: the embedded target 272.8 -> 272.0 ms a
+    forward, its drafter 94.8 -> 103.6 ms, on an Intel Xeon with AMX). Where it does not, float32 (packed, faster
+    at every width on an AVX2-only AMD EPYC: the target 503 -> 378 ms at one token, 1792 -> 501 ms at six, its
+    drafter 156 -> 132 ms) and bfloat16 through float32 copies for wide forwards (``widened_forward``: there a
+    bf16 product costs about one more forward per row, the target 199 ms at one token, 3312 ms at 21).
+    benchmarks/results/forward_kernels_cpu."""
+    return (torch.bfloat16,) if onednn_runs(torch.bfloat16) else (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
 class PackedLinears:
-    """What ``pack_linears`` did: layers packed, seconds it took, bytes the packed copies hold."""
+    """What ``pack_linears`` did: layers packed, seconds it took, bytes the packed copies hold, and of those layers
+    the bfloat16 ones packed in float32 for their wide forwards (``widened_forward``)."""
 
     layers: int
     seconds: float
     bytes: int
+    widened: int = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"layers": self.layers, "pack_s": round(self.seconds, 3), "packed_gb": round(self.bytes / 2**30, 3)}
+        described = {"layers": self.layers, "pack_s": round(self.seconds, 3), "packed_gb": round(self.bytes / 2**30, 3)}
+        if self.widened:
+            described["bf16_in_float32_from_rows"] = {"layers": self.widened, "rows": WIDE_ROWS}
+        return described
 
 
 def onednn_runs(dtype: torch.dtype) -> bool:
@@ -60,13 +70,21 @@ def onednn_runs(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def packed_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a layer of weights in ``dtype`` is packed in on this CPU: its own where oneDNN runs it natively;
+    float32 for bfloat16 where oneDNN runs float32 but emulates bf16 (``widened_forward``); None: not packed."""
+    if onednn_runs(dtype):
+        return dtype
+    return torch.float32 if dtype == torch.bfloat16 and onednn_runs(torch.float32) else None
+
+
 def packable(module: torch.nn.Module) -> bool:
-    """A plain ``nn.Linear`` (not a subclass, not a quantized weight) on the CPU in a dtype oneDNN runs natively."""
+    """A plain ``nn.Linear`` (not a subclass, not a quantized weight) on the CPU in a dtype ``packed_dtype`` packs."""
     if type(module) is not torch.nn.Linear:
         return False
     weight = module.weight
     return (type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.layout == torch.strided
-            and onednn_runs(weight.dtype))  # fmt: skip
+            and packed_dtype(weight.dtype) is not None)  # fmt: skip
 
 
 def packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -74,19 +92,37 @@ def packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
+def widened_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` of a bfloat16 layer on a CPU that emulates bf16: fewer than ``WIDE_ROWS`` rows as the
+    stock layer computes them, wider inputs through the float32 packed copy of the weight, on ``x`` in float32,
+    rounded back to bfloat16. A product of two bf16 numbers is exact in float32, so this is a bf16 matrix product
+    accumulated in float32, as native bf16 kernels accumulate; only the order of the sums differs."""
+    if x.numel() < WIDE_ROWS * x.shape[-1]:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    wide = torch.ops.mkldnn._linear_pointwise(x.float(), self.packed_weight, self.packed_bias, "none", [], "")
+    return wide.to(x.dtype)
+
+
 def pack_linears(model: torch.nn.Module, batch_hint: int = PACK_BATCH_HINT) -> PackedLinears:
     """Pack every packable linear layer of ``model`` for oneDNN (in place; layers packed before are left
-    as they are). The weights stay; the packed copies add about their size in memory."""
-    started, layers, size = time.perf_counter(), 0, 0
+    as they are). The weights stay; the packed copies add their size in the packed dtype (``packed_dtype``: twice a
+    bf16 weight's where it is widened to float32)."""
+    started, layers, size, widened = time.perf_counter(), 0, 0, 0
     with torch.no_grad():
         for module in model.modules():
             if not packable(module) or hasattr(module, "packed_weight"):
                 continue
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), batch_hint)
-            module.forward = types.MethodType(packed_forward, module)
+            dtype = packed_dtype(module.weight.dtype)
+            weight = module.weight.detach().to(dtype)
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+            forward = packed_forward
+            if dtype != module.weight.dtype:
+                module.packed_bias = None if module.bias is None else module.bias.detach().to(dtype)
+                forward, widened = widened_forward, widened + 1
+            module.forward = types.MethodType(forward, module)
             layers += 1
-            size += module.weight.numel() * module.weight.element_size()
-    return PackedLinears(layers, time.perf_counter() - started, size)
+            size += weight.numel() * weight.element_size()
+    return PackedLinears(layers, time.perf_counter() - started, size, widened)
 
 
 def packed_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -101,15 +137,18 @@ def unpack_linears(model: torch.nn.Module) -> int:
     for module in model.modules():
         if hasattr(module, "packed_weight"):
             del module.packed_weight
+            if hasattr(module, "packed_bias"):
+                del module.packed_bias
             del module.forward  # the instance's override: the class's forward shows through again
             count += 1
     return count
 
 
 def packable_bytes(model: torch.nn.Module) -> int:
-    """Bytes the packed copies of ``model``'s packable layers would hold (about their weights' size)."""
+    """Bytes the packed copies of ``model``'s packable layers would hold (about their weights' size in the packed
+    dtype)."""
     layers = [m for m in model.modules() if packable(m) and not hasattr(m, "packed_weight")]
-    return sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    return sum(m.weight.numel() * packed_dtype(m.weight.dtype).itemsize for m in layers)
 
 
 def use_kernels(model: torch.nn.Module, kernels: str) -> PackedLinears | None:

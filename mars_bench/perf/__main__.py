@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings, out = parse(argv)
         out.mkdir(parents=True, exist_ok=True)
-        slow_bf16 = emulated_bf16_warning(settings.dtype, None)
+        slow_bf16 = emulated_bf16_warning(settings.dtype, None, kernels=settings.kernels)
         if slow_bf16:
             print(f"perf: warning: {slow_bf16}", file=sys.stderr)
         result = run_suite(settings, after_repeat=lambda report: write_report(report, out))
